@@ -81,7 +81,9 @@ pub enum SdeError {
     },
 
     /// A tensor has a dtype the kernels cannot compute in.
-    #[error("unsupported dtype {dtype} for {what}; expected a floating-point tensor (f16, bf16, f32 or f64)")]
+    #[error(
+        "unsupported dtype {dtype} for {what}; expected a floating-point tensor (f16, bf16, f32 or f64)"
+    )]
     UnsupportedDtype {
         /// Which tensor.
         what: &'static str,
@@ -90,7 +92,9 @@ pub enum SdeError {
     },
 
     /// A deterministic solver was stepped with a schedule index that does not exist.
-    #[error("step index {index} is out of range for a schedule of {len} sigmas (the last step index is {last})")]
+    #[error(
+        "step index {index} is out of range for a schedule of {len} sigmas (the last step index is {last})"
+    )]
     StepOutOfRange {
         /// The index asked for.
         index: usize,

@@ -137,7 +137,13 @@ pub struct Moments {
     pub std: f64,
 }
 
-fn param(kernel: &'static str, name: &'static str, value: f32, ok: bool, expected: &'static str) -> Result<(), SdeError> {
+fn param(
+    kernel: &'static str,
+    name: &'static str,
+    value: f32,
+    ok: bool,
+    expected: &'static str,
+) -> Result<(), SdeError> {
     if ok && value.is_finite() {
         Ok(())
     } else {
@@ -188,9 +194,21 @@ impl Kernel {
     pub fn validated(self) -> Result<Self, SdeError> {
         match self {
             Kernel::FlowSde(k) => {
-                param("Flow-SDE", "noise_level", k.noise_level, k.noise_level > 0.0, "a finite value > 0")?;
+                param(
+                    "Flow-SDE",
+                    "noise_level",
+                    k.noise_level,
+                    k.noise_level > 0.0,
+                    "a finite value > 0",
+                )?;
                 if let SigmaOnePolicy::Substitute(s) = k.at_sigma_one {
-                    param("Flow-SDE", "sigma_max", s, s > 0.0 && s < 1.0, "a value in (0, 1)")?;
+                    param(
+                        "Flow-SDE",
+                        "sigma_max",
+                        s,
+                        s > 0.0 && s < 1.0,
+                        "a value in (0, 1)",
+                    )?;
                 }
             }
             Kernel::Dance(k) => param("Dance", "eta", k.eta, k.eta > 0.0, "a finite value > 0")?,
@@ -201,7 +219,13 @@ impl Kernel {
                 k.noise_level > 0.0 && k.noise_level <= 1.0,
                 "a value in (0, 1]",
             )?,
-            Kernel::Churn(k) => param("churn", "gamma", k.gamma, k.gamma > 0.0, "a finite value > 0")?,
+            Kernel::Churn(k) => param(
+                "churn",
+                "gamma",
+                k.gamma,
+                k.gamma > 0.0,
+                "a finite value > 0",
+            )?,
         }
         Ok(self)
     }
@@ -401,7 +425,10 @@ impl Kernel {
         };
         let prev_sample = match next {
             Next::Draw(noise) => {
-                let drawn = mean.clone().detach().add(Coef::new(&std, &noise).mul(noise));
+                let drawn = mean
+                    .clone()
+                    .detach()
+                    .add(Coef::new(&std, &noise).mul(noise));
                 storage.round_trip(drawn)
             }
             Next::Stored(stored) => storage.round_trip(stored),

@@ -18,6 +18,7 @@
 //! * [`euler_step`]: the deterministic `eta = 0` collapse.
 //! * [`solvers`]: stateful deterministic multistep solvers (DPM-Solver++, UniPC).
 //! * [`gaussian`]: log-densities and closed-form KLs.
+//! * [`analytic`]: Gaussian data, a flow with a closed-form velocity, to measure samplers.
 //! * [`StorageDtype`]: the storage-precision round trip that makes sampling-time and
 //!   replay-time log-probs identical.
 //!
@@ -42,6 +43,7 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod analytic;
 mod error;
 pub mod gaussian;
 mod kernel;

@@ -63,10 +63,7 @@ impl StorageDtype {
             return t;
         }
         let device = t.device();
-        let data = t
-            .into_data()
-            .convert_dtype(storage)
-            .convert_dtype(compute);
+        let data = t.into_data().convert_dtype(storage).convert_dtype(compute);
         Tensor::from_data(data, (&device, compute))
     }
 }

@@ -112,7 +112,9 @@ impl DpmSolverPP {
         state.begin(index);
         let sigma_s = sigmas[index];
         let sigma_t = sigmas[index + 1];
-        let x0 = sample.clone().sub(model_output.mul_scalar(f64::from(sigma_s)));
+        let x0 = sample
+            .clone()
+            .sub(model_output.mul_scalar(f64::from(sigma_s)));
         state.push(index, x0.clone(), self.order);
 
         let last = index + 2 == sigmas.len();
@@ -220,13 +222,22 @@ impl UniPc {
         let (model_output, sample) = prepare(sigmas, index, model_output, sample)?;
         state.begin(index);
         let sigma_s = sigmas[index];
-        let x0 = sample.clone().sub(model_output.mul_scalar(f64::from(sigma_s)));
+        let x0 = sample
+            .clone()
+            .sub(model_output.mul_scalar(f64::from(sigma_s)));
 
         // UniC: correct this sample using the previous step's base sample and history.
         let sample = match (&state.last_sample, self.corrector) {
             (Some(last_sample), true) if index > 0 => {
                 let order = state.this_order;
-                self.correct(sigmas, index, &state.history, last_sample.clone(), x0.clone(), order)
+                self.correct(
+                    sigmas,
+                    index,
+                    &state.history,
+                    last_sample.clone(),
+                    x0.clone(),
+                    order,
+                )
             }
             _ => sample,
         };
@@ -339,7 +350,13 @@ impl UniPc {
 /// The earlier history points `k = 1..=wanted` (at schedule index `base - k`) with their
 /// `rk = (lambda_k - lambda_base) / h`, stopping at the first one with a non-finite `rk`
 /// (a point at `sigma = 1`, whose contribution vanishes in the limit).
-fn usable_points(sigmas: &[f32], base: usize, wanted: usize, l_base: f64, h: f64) -> Vec<(usize, f64)> {
+fn usable_points(
+    sigmas: &[f32],
+    base: usize,
+    wanted: usize,
+    l_base: f64,
+    h: f64,
+) -> Vec<(usize, f64)> {
     let mut points = Vec::with_capacity(wanted);
     for k in 1..=wanted {
         let rk = (lambda(sigmas[base - k]) - l_base) / h;
@@ -385,10 +402,12 @@ fn solve(a: &[Vec<f64>], b: &[f64]) -> Vec<f64> {
             .max_by(|&i, &j| m[i][col].abs().total_cmp(&m[j][col].abs()))
             .unwrap_or(col);
         m.swap(col, pivot);
-        for row in col + 1..n {
-            let f = m[row][col] / m[col][col];
-            for k in col..=n {
-                m[row][k] -= f * m[col][k];
+        let (top, rest) = m.split_at_mut(col + 1);
+        let pivot_row = &top[col];
+        for row in rest.iter_mut() {
+            let f = row[col] / pivot_row[col];
+            for (r, p) in row[col..].iter_mut().zip(&pivot_row[col..]) {
+                *r -= f * p;
             }
         }
     }
@@ -460,7 +479,13 @@ impl<B: Backend, const D: usize> SolverState<B, D> {
         }
     }
 
-    fn finish(&mut self, index: usize, base: Option<Tensor<B, D>>, this_order: usize, order: usize) {
+    fn finish(
+        &mut self,
+        index: usize,
+        base: Option<Tensor<B, D>>,
+        this_order: usize,
+        order: usize,
+    ) {
         self.last_sample = base;
         self.last_index = Some(index);
         self.this_order = this_order;
@@ -507,7 +532,10 @@ pub fn validate_schedule(sigmas: &[f32]) -> Result<(), SdeError> {
     if sigmas.len() < 2 {
         return fail("fewer than two sigmas");
     }
-    if sigmas.iter().any(|s| !s.is_finite() || *s < 0.0 || *s > 1.0) {
+    if sigmas
+        .iter()
+        .any(|s| !s.is_finite() || *s < 0.0 || *s > 1.0)
+    {
         return fail("a sigma is outside [0, 1] or not finite");
     }
     if sigmas.windows(2).any(|w| w[1] >= w[0]) {

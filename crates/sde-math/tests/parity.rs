@@ -53,6 +53,12 @@ fn ode_solvers_match_on_ndarray() {
 
 #[test]
 fn storage_rounding_matches_torch_bitwise() {
-    assert_eq!(parity::storage_rounding::<Flex>(&fixtures(), &Default::default()), 146);
-    assert_eq!(parity::storage_rounding::<NdArray<f32>>(&fixtures(), &Default::default()), 146);
+    assert_eq!(
+        parity::storage_rounding::<Flex>(&fixtures(), &Default::default()),
+        146
+    );
+    assert_eq!(
+        parity::storage_rounding::<NdArray<f32>>(&fixtures(), &Default::default()),
+        146
+    );
 }

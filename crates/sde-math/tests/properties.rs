@@ -4,12 +4,15 @@
 #[path = "support/analytic.rs"]
 mod analytic;
 
-use analytic::{GaussianData, Normals};
+use analytic::Normals;
 use burn::backend::{Flex, NdArray};
 use burn::tensor::{Tensor, backend::Backend};
 use proptest::prelude::*;
+use sde_math::analytic::GaussianFlow;
 use sde_math::solvers::{OdeSolver, SolverState, UniPc};
-use sde_math::{Churn, Cps, Dance, FlowSde, Kernel, SigmaOnePolicy, StepSigmas, StorageDtype, euler_step};
+use sde_math::{
+    Churn, Cps, Dance, FlowSde, Kernel, SigmaOnePolicy, StepSigmas, StorageDtype, euler_step,
+};
 
 type F32 = Flex;
 type F64 = NdArray<f64>;
@@ -21,15 +24,23 @@ fn values<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f64> {
 }
 
 fn max_abs_diff(a: &[f64], b: &[f64]) -> f64 {
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f64::max)
 }
 
 /// A kernel of each family with noise parameter `p` (already in its valid range).
 fn kernel(family: usize, p: f32) -> Kernel {
     match family {
-        0 => Kernel::FlowSde(FlowSde { noise_level: p, at_sigma_one: SigmaOnePolicy::Reject }),
+        0 => Kernel::FlowSde(FlowSde {
+            noise_level: p,
+            at_sigma_one: SigmaOnePolicy::Reject,
+        }),
         1 => Kernel::Dance(Dance { eta: p }),
-        2 => Kernel::Cps(Cps { noise_level: p.min(1.0) }),
+        2 => Kernel::Cps(Cps {
+            noise_level: p.min(1.0),
+        }),
         _ => Kernel::Churn(Churn { gamma: p }),
     }
 }
@@ -45,7 +56,11 @@ fn step_strategy() -> impl Strategy<Value = StepSigmas> {
 
 fn inputs<B: Backend>(seed: u64, dev: &B::Device) -> (Tensor<B, 3>, Tensor<B, 3>, Tensor<B, 3>) {
     let mut g = Normals::new(seed);
-    (g.tensor(SHAPE, dev), g.tensor(SHAPE, dev), g.tensor(SHAPE, dev))
+    (
+        g.tensor(SHAPE, dev),
+        g.tensor(SHAPE, dev),
+        g.tensor(SHAPE, dev),
+    )
 }
 
 proptest! {
@@ -147,18 +162,30 @@ fn empirical_moments_match_the_kernel() {
         let x = x1.repeat_dim(0, n);
         let v = v1.repeat_dim(0, n);
         let noise = g.tensor([n, 1, 4], &dev);
-        let out = k.sample(&(*at).into(), v, x, noise, StorageDtype::Native).unwrap();
+        let out = k
+            .sample(&(*at).into(), v, x, noise, StorageDtype::Native)
+            .unwrap();
         let std = out.std[0];
-        let mean = values(out.mean.slice([0..1]));
+        let mean = values(out.mean.narrow(0, 0, 1));
         let samples = values(out.prev_sample);
-        for e in 0..4 {
+        for (e, kernel_mean) in mean.iter().enumerate() {
             let col: Vec<f64> = samples.iter().skip(e).step_by(4).copied().collect();
             let m = col.iter().sum::<f64>() / n as f64;
             let var = col.iter().map(|s| (s - m).powi(2)).sum::<f64>() / (n - 1) as f64;
             let se = std / (n as f64).sqrt();
-            assert!((m - mean[e]).abs() < 5.0 * se, "{}: empirical mean {m} vs kernel mean {} (se {se})", k.name(), mean[e]);
+            assert!(
+                (m - kernel_mean).abs() < 5.0 * se,
+                "{}: empirical mean {m} vs kernel mean {} (se {se})",
+                k.name(),
+                kernel_mean
+            );
             let rel = (var.sqrt() / std - 1.0).abs();
-            assert!(rel < 5.0 * (0.5 / n as f64).sqrt(), "{}: empirical std {} vs kernel std {std}", k.name(), var.sqrt());
+            assert!(
+                rel < 5.0 * (0.5 / n as f64).sqrt(),
+                "{}: empirical std {} vs kernel std {std}",
+                k.name(),
+                var.sqrt()
+            );
         }
     }
 }
@@ -178,15 +205,18 @@ fn flow_grid(n: usize) -> Vec<f32> {
 fn solve_to_end(solver: OdeSolver, sigmas: &[f32], seed: u64) -> f64 {
     let dev = Default::default();
     let mut g = Normals::new(seed);
-    let data = GaussianData::<F64, 3> { mu: g.tensor(SHAPE, &dev).mul_scalar(0.5), s: g.tensor(SHAPE, &dev).abs().mul_scalar(0.5).add_scalar(0.2) };
+    let data = GaussianFlow::<F64, 3> {
+        mu: g.tensor(SHAPE, &dev).mul_scalar(0.5),
+        s: g.tensor(SHAPE, &dev).abs().mul_scalar(0.5).add_scalar(0.2),
+    };
     let eps: Tensor<F64, 3> = g.tensor(SHAPE, &dev);
-    let mut x = data.at(eps.clone(), sigmas[0]);
+    let mut x = data.solution(eps.clone(), sigmas[0]);
     let mut state = SolverState::new();
     for i in 0..sigmas.len() - 1 {
         let v = data.velocity(x.clone(), sigmas[i]);
         x = solver.step(&mut state, sigmas, i, v, x).unwrap();
     }
-    max_abs_diff(&values(x), &values(data.at(eps, 0.0)))
+    max_abs_diff(&values(x), &values(data.solution(eps, 0.0)))
 }
 
 /// UniPC and DPM-Solver++ converge to the exact ODE endpoint as steps grow, and beat Euler at
@@ -197,7 +227,12 @@ fn solve_to_end(solver: OdeSolver, sigmas: &[f32], seed: u64) -> f64 {
 fn solvers_converge_to_the_exact_endpoint() {
     use sde_math::solvers::DpmSolverPP;
     let steps = [5, 10, 20, 40, 80, 160];
-    let run = |solver| -> Vec<f64> { steps.iter().map(|&n| solve_to_end(solver, &flow_grid(n), 7)).collect() };
+    let run = |solver| -> Vec<f64> {
+        steps
+            .iter()
+            .map(|&n| solve_to_end(solver, &flow_grid(n), 7))
+            .collect()
+    };
     let euler = run(OdeSolver::Euler);
     println!("euler: endpoint error at {steps:?} steps = {euler:?}");
     for (name, solver) in [
@@ -207,12 +242,22 @@ fn solvers_converge_to_the_exact_endpoint() {
         let errs = run(solver);
         println!("{name}: endpoint error at {steps:?} steps = {errs:?}");
         for w in errs.windows(2) {
-            assert!(w[1] < w[0], "{name}: error did not shrink with more steps: {errs:?}");
+            assert!(
+                w[1] < w[0],
+                "{name}: error did not shrink with more steps: {errs:?}"
+            );
         }
         for (e, eu) in errs.iter().zip(&euler) {
-            assert!(e < eu, "{name} is not more accurate than Euler: {errs:?} vs {euler:?}");
+            assert!(
+                e < eu,
+                "{name} is not more accurate than Euler: {errs:?} vs {euler:?}"
+            );
         }
-        assert!(errs[5] < 5e-3 && errs[5] < euler[5] / 5.0, "{name}: endpoint error {} at 160 steps", errs[5]);
+        assert!(
+            errs[5] < 5e-3 && errs[5] < euler[5] / 5.0,
+            "{name}: endpoint error {} at 160 steps",
+            errs[5]
+        );
     }
 }
 
@@ -226,20 +271,33 @@ fn solver_history_resets_after_a_jump() {
     let mut g = Normals::new(3);
     let x: Tensor<F64, 3> = g.tensor(SHAPE, &dev);
     let v: Tensor<F64, 3> = g.tensor(SHAPE, &dev);
-    for solver in [OdeSolver::UniPc(UniPc::bh2()), OdeSolver::DpmSolverPP(DpmSolverPP::two_m())] {
+    for solver in [
+        OdeSolver::UniPc(UniPc::bh2()),
+        OdeSolver::DpmSolverPP(DpmSolverPP::two_m()),
+    ] {
         let mut state = SolverState::new();
         for i in 0..3 {
-            solver.step(&mut state, &sigmas, i, v.clone(), x.clone()).unwrap();
+            solver
+                .step(&mut state, &sigmas, i, v.clone(), x.clone())
+                .unwrap();
         }
         assert_eq!(state.history_len(), 2);
         // index 4 after index 2: step 3 was stochastic
-        let after_jump = solver.step(&mut state, &sigmas, 4, v.clone(), x.clone()).unwrap();
+        let after_jump = solver
+            .step(&mut state, &sigmas, 4, v.clone(), x.clone())
+            .unwrap();
         assert_eq!(state.history_len(), 1);
-        let fresh = solver.step(&mut SolverState::new(), &sigmas, 4, v.clone(), x.clone()).unwrap();
+        let fresh = solver
+            .step(&mut SolverState::new(), &sigmas, 4, v.clone(), x.clone())
+            .unwrap();
         assert_eq!(after_jump.into_data(), fresh.into_data());
         // consecutive: the second step now uses history, so it differs from a fresh start
-        let second = solver.step(&mut state, &sigmas, 5, v.clone(), x.clone()).unwrap();
-        let fresh5 = solver.step(&mut SolverState::new(), &sigmas, 5, v.clone(), x.clone()).unwrap();
+        let second = solver
+            .step(&mut state, &sigmas, 5, v.clone(), x.clone())
+            .unwrap();
+        let fresh5 = solver
+            .step(&mut SolverState::new(), &sigmas, 5, v.clone(), x.clone())
+            .unwrap();
         assert_ne!(second.into_data(), fresh5.into_data());
     }
 }

@@ -1,4 +1,4 @@
-//! Test helpers: a seeded host normal generator and the analytic Gaussian-data flow model.
+//! Test helper: a seeded host normal generator.
 
 #![allow(dead_code)]
 
@@ -34,33 +34,12 @@ impl Normals {
             .collect()
     }
 
-    pub fn tensor<B: Backend, const D: usize>(&mut self, shape: [usize; D], dev: &B::Device) -> Tensor<B, D> {
+    pub fn tensor<B: Backend, const D: usize>(
+        &mut self,
+        shape: [usize; D],
+        dev: &B::Device,
+    ) -> Tensor<B, D> {
         let n = shape.iter().product();
         Tensor::from_data(TensorData::new(self.vec(n), shape), dev)
-    }
-}
-
-/// Data `x0 ~ N(mu, s^2)` element-wise. Its flow velocity `E[eps - x0 | x_sigma]` is closed form,
-/// and the probability-flow ODE maps `x(1) = eps` to `x(0) = mu + s * eps` exactly.
-pub struct GaussianData<B: Backend, const D: usize> {
-    pub mu: Tensor<B, D>,
-    pub s: Tensor<B, D>,
-}
-
-impl<B: Backend, const D: usize> GaussianData<B, D> {
-    pub fn velocity(&self, x: Tensor<B, D>, sigma: f32) -> Tensor<B, D> {
-        let sg = f64::from(sigma);
-        let var = self.s.clone().powi_scalar(2).mul_scalar((1.0 - sg) * (1.0 - sg)).add_scalar(sg * sg);
-        let r = x.sub(self.mu.clone().mul_scalar(1.0 - sg));
-        let e_x0 = self.mu.clone().add(self.s.clone().powi_scalar(2).mul(r.clone()).div(var.clone()).mul_scalar(1.0 - sg));
-        let e_eps = r.div(var).mul_scalar(sg);
-        e_eps.sub(e_x0)
-    }
-
-    /// The exact ODE solution at `sigma` starting from noise `eps`.
-    pub fn at(&self, eps: Tensor<B, D>, sigma: f32) -> Tensor<B, D> {
-        let sg = f64::from(sigma);
-        let scale = self.s.clone().powi_scalar(2).mul_scalar((1.0 - sg) * (1.0 - sg)).add_scalar(sg * sg).sqrt();
-        self.mu.clone().mul_scalar(1.0 - sg).add(scale.mul(eps))
     }
 }

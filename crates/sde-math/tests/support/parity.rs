@@ -9,6 +9,7 @@
 use std::path::{Path, PathBuf};
 
 use burn::tensor::{Tensor, TensorData, backend::Backend};
+use sde_math::analytic::GaussianFlow;
 use sde_math::solvers::{DpmSecondOrder, DpmSolverPP, OdeSolver, SolverState, UniPc, UniPcVariant};
 use sde_math::{Cps, Dance, FlowSde, Kernel, SigmaOnePolicy, Sigmas, StepSigmas, StorageDtype};
 use serde_json::Value;
@@ -19,10 +20,19 @@ pub const TOL: f64 = 1e-5;
 /// Reads a fixture file of `fixtures/sde_math/`.
 pub fn load(fixtures: &Path, name: &str) -> Value {
     let path = fixtures.join("sde_math").join(name);
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
-    let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: bad JSON: {e}", path.display()));
-    let tol = v["tolerance"]["f32_max_abs"].as_f64().expect("tolerance recorded");
-    assert_eq!(tol, TOL, "{}: tolerance recorded in the fixture differs from the test's", path.display());
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    let v: Value =
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: bad JSON: {e}", path.display()));
+    let tol = v["tolerance"]["f32_max_abs"]
+        .as_f64()
+        .expect("tolerance recorded");
+    assert_eq!(
+        tol,
+        TOL,
+        "{}: tolerance recorded in the fixture differs from the test's",
+        path.display()
+    );
     v
 }
 
@@ -40,8 +50,18 @@ pub fn fixtures_dir(manifest_dir: &str) -> PathBuf {
 
 /// A fixture tensor: (shape, f32 values).
 pub fn tensor_of(v: &Value) -> (Vec<usize>, Vec<f32>) {
-    let shape = v["shape"].as_array().expect("shape").iter().map(|d| d.as_u64().unwrap() as usize).collect();
-    let data = v["data"].as_array().expect("data").iter().map(number).collect();
+    let shape = v["shape"]
+        .as_array()
+        .expect("shape")
+        .iter()
+        .map(|d| d.as_u64().unwrap() as usize)
+        .collect();
+    let data = v["data"]
+        .as_array()
+        .expect("data")
+        .iter()
+        .map(number)
+        .collect();
     (shape, data)
 }
 
@@ -67,16 +87,25 @@ pub fn tensor<B: Backend, const D: usize>(v: &Value, dev: &B::Device) -> Tensor<
 }
 
 pub fn values<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f32> {
-    t.into_data().convert::<f32>().to_vec::<f32>().expect("f32 data")
+    t.into_data()
+        .convert::<f32>()
+        .to_vec::<f32>()
+        .expect("f32 data")
 }
 
 /// Compares `got` with `want` element-wise; returns the max abs error, panics above `tol`.
 pub fn check(label: &str, got: &[f32], want: &[f32], tol: f64) -> f64 {
-    assert_eq!(got.len(), want.len(), "{label}: length {} vs {}", got.len(), want.len());
+    assert_eq!(
+        got.len(),
+        want.len(),
+        "{label}: length {} vs {}",
+        got.len(),
+        want.len()
+    );
     let (mut worst, mut at) = (0.0f64, 0usize);
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
         let e = (f64::from(*g) - f64::from(*w)).abs();
-        if !(e <= worst) {
+        if e.is_nan() || e > worst {
             worst = e;
             at = i;
         }
@@ -92,8 +121,16 @@ pub fn check(label: &str, got: &[f32], want: &[f32], tol: f64) -> f64 {
 
 fn step_sigmas(case: &Value) -> Sigmas {
     let sched = f32s(&case["schedule"]);
-    let idx: Vec<usize> = case["step_index"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as usize).collect();
-    let pairs: Vec<StepSigmas> = idx.iter().map(|&i| StepSigmas::from_schedule(&sched, i).unwrap()).collect();
+    let idx: Vec<usize> = case["step_index"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as usize)
+        .collect();
+    let pairs: Vec<StepSigmas> = idx
+        .iter()
+        .map(|&i| StepSigmas::from_schedule(&sched, i).unwrap())
+        .collect();
     if pairs.iter().all(|p| *p == pairs[0]) {
         Sigmas::Shared(pairs[0])
     } else {
@@ -130,24 +167,64 @@ pub fn flow_grpo_sde_step<B: Backend>(fixtures: &Path, dev: &B::Device) -> Repor
             Kernel::Cps(Cps { noise_level: a })
         } else {
             // flow_grpo substitutes sigmas[1] at sigma == 1; opt into that convention explicitly.
-            Kernel::FlowSde(FlowSde { noise_level: a, at_sigma_one: SigmaOnePolicy::SubstituteNext })
+            Kernel::FlowSde(FlowSde {
+                noise_level: a,
+                at_sigma_one: SigmaOnePolicy::SubstituteNext,
+            })
         };
         let at = step_sigmas(case);
         let x = tensor::<B, 3>(&case["sample"], dev);
         let v = tensor::<B, 3>(&case["model_output"], dev);
         let noise = tensor::<B, 3>(&case["noise"], dev);
-        let out = kernel.sample(&at, v.clone(), x.clone(), noise, StorageDtype::Native).unwrap();
-        let m = check(&format!("{name}: mean"), &values(out.mean.clone()), &f32s(&case["mean"]), TOL);
-        let s = check(&format!("{name}: prev_sample"), &values(out.prev_sample.clone()), &f32s(&case["prev_sample"]), TOL);
+        let out = kernel
+            .sample(&at, v.clone(), x.clone(), noise, StorageDtype::Native)
+            .unwrap();
+        let m = check(
+            &format!("{name}: mean"),
+            &values(out.mean.clone()),
+            &f32s(&case["mean"]),
+            TOL,
+        );
+        let s = check(
+            &format!("{name}: prev_sample"),
+            &values(out.prev_sample.clone()),
+            &f32s(&case["prev_sample"]),
+            TOL,
+        );
         let g: Vec<f32> = out.std_dev_t.iter().map(|v| *v as f32).collect();
-        check(&format!("{name}: std_dev_t"), &g, &f32s(&case["std_dev_t"]), 1e-6);
-        let lp_ref = if cps { out.cps_reference_score() } else { out.log_prob.clone() };
-        let l = check(&format!("{name}: log_prob"), &values(lp_ref), &f32s(&case["log_prob"]), TOL);
+        check(
+            &format!("{name}: std_dev_t"),
+            &g,
+            &f32s(&case["std_dev_t"]),
+            1e-6,
+        );
+        let lp_ref = if cps {
+            out.cps_reference_score()
+        } else {
+            out.log_prob.clone()
+        };
+        let l = check(
+            &format!("{name}: log_prob"),
+            &values(lp_ref),
+            &f32s(&case["log_prob"]),
+            TOL,
+        );
 
         let stored = tensor::<B, 3>(&case["stored_prev_sample"], dev);
-        let replay = kernel.replay(&at, v, x, stored, StorageDtype::Bf16).unwrap();
-        let lp_replay = if cps { replay.cps_reference_score() } else { replay.log_prob };
-        let l2 = check(&format!("{name}: replay log_prob"), &values(lp_replay), &f32s(&case["replay_log_prob"]), TOL);
+        let replay = kernel
+            .replay(&at, v, x, stored, StorageDtype::Bf16)
+            .unwrap();
+        let lp_replay = if cps {
+            replay.cps_reference_score()
+        } else {
+            replay.log_prob
+        };
+        let l2 = check(
+            &format!("{name}: replay log_prob"),
+            &values(lp_replay),
+            &f32s(&case["replay_log_prob"]),
+            TOL,
+        );
         if std::env::var_os("PARITY_VERBOSE").is_some() {
             println!("{name}: mean {m:.1e} sample {s:.1e} log_prob {l:.1e} replay {l2:.1e}");
         }
@@ -163,18 +240,44 @@ pub fn dance_flux_step<B: Backend>(fixtures: &Path, dev: &B::Device) -> Report {
     let mut report = Report::default();
     for case in file["cases"].as_array().unwrap() {
         let name = case["name"].as_str().unwrap();
-        let kernel = Kernel::Dance(Dance { eta: case["eta"].as_f64().unwrap() as f32 });
+        let kernel = Kernel::Dance(Dance {
+            eta: case["eta"].as_f64().unwrap() as f32,
+        });
         let at = step_sigmas(case);
         let x = tensor::<B, 3>(&case["sample"], dev);
         let v = tensor::<B, 3>(&case["model_output"], dev);
         let noise = tensor::<B, 3>(&case["noise"], dev);
-        let out = kernel.sample(&at, v.clone(), x.clone(), noise, StorageDtype::Native).unwrap();
-        let m = check(&format!("{name}: mean"), &values(out.mean.clone()), &f32s(&case["mean"]), TOL);
-        let s = check(&format!("{name}: prev_sample"), &values(out.prev_sample), &f32s(&case["prev_sample"]), TOL);
-        let l = check(&format!("{name}: log_prob"), &values(out.log_prob), &f32s(&case["log_prob"]), TOL);
+        let out = kernel
+            .sample(&at, v.clone(), x.clone(), noise, StorageDtype::Native)
+            .unwrap();
+        let m = check(
+            &format!("{name}: mean"),
+            &values(out.mean.clone()),
+            &f32s(&case["mean"]),
+            TOL,
+        );
+        let s = check(
+            &format!("{name}: prev_sample"),
+            &values(out.prev_sample),
+            &f32s(&case["prev_sample"]),
+            TOL,
+        );
+        let l = check(
+            &format!("{name}: log_prob"),
+            &values(out.log_prob),
+            &f32s(&case["log_prob"]),
+            TOL,
+        );
         let stored = tensor::<B, 3>(&case["stored_prev_sample"], dev);
-        let replay = kernel.replay(&at, v, x, stored, StorageDtype::Bf16).unwrap();
-        let l2 = check(&format!("{name}: replay log_prob"), &values(replay.log_prob), &f32s(&case["replay_log_prob"]), TOL);
+        let replay = kernel
+            .replay(&at, v, x, stored, StorageDtype::Bf16)
+            .unwrap();
+        let l2 = check(
+            &format!("{name}: replay log_prob"),
+            &values(replay.log_prob),
+            &f32s(&case["replay_log_prob"]),
+            TOL,
+        );
         report.note(m, s, l.max(l2));
         report.cases += 1;
     }
@@ -184,11 +287,18 @@ pub fn dance_flux_step<B: Backend>(fixtures: &Path, dev: &B::Device) -> Report {
 /// The solver a fixture case names.
 pub fn solver_of(case: &Value) -> OdeSolver {
     let order = case["order"].as_u64().unwrap() as usize;
-    match (case["solver"].as_str().unwrap(), case["variant"].as_str().unwrap()) {
+    match (
+        case["solver"].as_str().unwrap(),
+        case["variant"].as_str().unwrap(),
+    ) {
         ("unipc", "bh1") => OdeSolver::UniPc(UniPc::new(order, UniPcVariant::Bh1, true).unwrap()),
         ("unipc", "bh2") => OdeSolver::UniPc(UniPc::new(order, UniPcVariant::Bh2, true).unwrap()),
-        ("dpm", "midpoint") => OdeSolver::DpmSolverPP(DpmSolverPP::new(order, DpmSecondOrder::Midpoint).unwrap()),
-        ("dpm", "heun") => OdeSolver::DpmSolverPP(DpmSolverPP::new(order, DpmSecondOrder::Heun).unwrap()),
+        ("dpm", "midpoint") => {
+            OdeSolver::DpmSolverPP(DpmSolverPP::new(order, DpmSecondOrder::Midpoint).unwrap())
+        }
+        ("dpm", "heun") => {
+            OdeSolver::DpmSolverPP(DpmSolverPP::new(order, DpmSecondOrder::Heun).unwrap())
+        }
         other => panic!("unknown solver {other:?}"),
     }
 }
@@ -216,10 +326,18 @@ pub fn ode_solvers<B: Backend>(fixtures: &Path, dev: &B::Device) -> Report {
             let next = values(solver.step(&mut state, &sched, i, v, x).unwrap());
             if nonfinite.contains(&(i as u64 + 1)) {
                 // The reference returns NaN here (see the generator); ours must stay finite.
-                assert!(next.iter().all(|v| v.is_finite()), "{name}: step {i} is not finite");
+                assert!(
+                    next.iter().all(|v| v.is_finite()),
+                    "{name}: step {i} is not finite"
+                );
                 continue;
             }
-            worst = worst.max(check(&format!("{name}: step {i}"), &next, &f32s(&samples[i + 1]), TOL));
+            worst = worst.max(check(
+                &format!("{name}: step {i}"),
+                &next,
+                &f32s(&samples[i + 1]),
+                TOL,
+            ));
         }
         report.note(0.0, worst, 0.0);
         report.cases += 1;
@@ -237,7 +355,11 @@ pub fn storage_rounding<B: Backend>(fixtures: &Path, dev: &B::Device) -> usize {
         let got = values(dtype.round_trip(input.clone()));
         let want = f32s(&case[key]);
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-            assert_eq!(g.to_bits(), w.to_bits(), "{key} round trip of element {i}: got {g:e}, torch gives {w:e}");
+            assert_eq!(
+                g.to_bits(),
+                w.to_bits(),
+                "{key} round trip of element {i}: got {g:e}, torch gives {w:e}"
+            );
         }
         checked += got.len();
     }
