@@ -339,6 +339,32 @@ pub fn ode_solvers<B: Backend>(fixtures: &Path, dev: &B::Device) -> Report {
                 TOL,
             ));
         }
+        // Free-running with our own analytic model: the same velocities, the same endpoint.
+        let flow = GaussianFlow::<B, 3> {
+            mu: tensor(&case["mu"], dev),
+            s: tensor(&case["s"], dev),
+        };
+        let mut x = tensor::<B, 3>(&samples[0], dev);
+        let mut state = SolverState::<B, 3>::new();
+        for (i, v_ref) in outputs.iter().enumerate() {
+            let v = flow.velocity(x.clone(), sched[i]);
+            check(
+                &format!("{name}: analytic velocity {i}"),
+                &values(v.clone()),
+                &f32s(v_ref),
+                TOL,
+            );
+            x = solver.step(&mut state, &sched, i, v, x).unwrap();
+        }
+        if nonfinite.is_empty() {
+            let end = &f32s(&samples[outputs.len()]);
+            worst = worst.max(check(
+                &format!("{name}: free-running endpoint"),
+                &values(x),
+                end,
+                TOL,
+            ));
+        }
         report.note(0.0, worst, 0.0);
         report.cases += 1;
     }

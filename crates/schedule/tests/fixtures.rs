@@ -1,0 +1,328 @@
+//! Parity with the reference schedules: diffusers' `FlowMatchEulerDiscreteScheduler` driven by
+//! the pipelines' own code (SD3.5, Qwen-Image, FLUX.1), `UniPCMultistepScheduler`'s flow grid,
+//! and DanceGRPO's schedule function. Fixtures are written by
+//! `fixtures/generate/schedule_fixtures.py`.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use schedule::{
+    BaseGrid, EvalFallback, ExplicitSteps, MuInput, PerRolloutResample, PlanQuery, Schedule,
+    SchedulePolicy, SchedulerConfig, SdeStepPlan,
+};
+use serde_json::Value;
+
+/// The tolerance of the acceptance: sigmas and timesteps to 1e-6 absolute.
+const TOL: f64 = 1e-6;
+
+fn fixtures() -> PathBuf {
+    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
+    here.ancestors()
+        .map(|d| d.join("fixtures").join("schedule"))
+        .find(|d| d.is_dir())
+        .expect("a fixtures/schedule directory above the crate")
+}
+
+fn load(name: &str) -> Value {
+    let path = fixtures().join(name);
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    let v: Value =
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: bad JSON: {e}", path.display()));
+    if let Some(t) = v["tolerance"]["sigma_abs"].as_f64() {
+        assert_eq!(t, TOL, "{name}: recorded tolerance differs from the test's");
+        assert_eq!(v["tolerance"]["timestep_abs"].as_f64(), Some(TOL));
+    }
+    v
+}
+
+fn f32s(v: &Value) -> Vec<f32> {
+    v.as_array()
+        .expect("array")
+        .iter()
+        .map(|x| x.as_f64().expect("number") as f32)
+        .collect()
+}
+
+fn max_abs(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len(), "length");
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (f64::from(*x) - f64::from(*y)).abs())
+        .fold(0.0, f64::max)
+}
+
+/// The one comparison of this file: a schedule against a fixture case's sigmas and timesteps.
+/// Returns the largest sigma difference.
+fn check(name: &str, got: &Schedule, case: &Value) -> f64 {
+    let (sig, ts) = (f32s(&case["sigmas"]), f32s(&case["timesteps"]));
+    let ds = max_abs(got.sigmas.as_slice(), &sig);
+    let dt = max_abs(&got.timesteps, &ts);
+    assert!(
+        ds <= TOL,
+        "{name}: sigmas differ by {ds:e}\n got {:?}\nwant {sig:?}",
+        got.sigmas.as_slice()
+    );
+    assert!(
+        dt <= TOL,
+        "{name}: timesteps differ by {dt:e}\n got {:?}\nwant {ts:?}",
+        got.timesteps
+    );
+    ds
+}
+
+fn preset(name: &str) -> SchedulePolicy {
+    match name {
+        "sd3_5" => SchedulePolicy::sd3_5(),
+        "qwen_image" => SchedulePolicy::qwen_image(),
+        "flux_1" => SchedulePolicy::flux_1(),
+        "flux_2_klein" => SchedulePolicy::flux_2_klein(),
+        other => panic!("unknown preset {other}"),
+    }
+}
+
+fn geometry(case: &Value) -> (u32, u32, usize) {
+    (
+        case["height"].as_u64().unwrap() as u32,
+        case["width"].as_u64().unwrap() as u32,
+        case["steps"].as_u64().unwrap() as usize,
+    )
+}
+
+#[test]
+fn flowmatch_schedules_match_diffusers() {
+    let fx = load("flowmatch_schedules.json");
+    let cases = fx["cases"].as_array().unwrap();
+    let mut worst = 0.0f64;
+    for case in cases {
+        let name = case["name"].as_str().unwrap();
+        let (h, w, n) = geometry(case);
+        let cfg: SchedulerConfig = serde_json::from_value(case["config"].clone()).unwrap();
+        let policy = SchedulePolicy::from_config(&cfg).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let got = policy.sample_sigmas(h, w, n).unwrap();
+        worst = worst.max(check(name, &got, case));
+
+        // mu and the packed token count are the pipeline's
+        if let Some(mu) = case["mu"].as_f64() {
+            assert_eq!(got.mu, Some(mu), "{name}: mu");
+            let seq = case["image_seq_len"].as_u64().unwrap();
+            assert_eq!(
+                MuInput {
+                    height: h,
+                    width: w,
+                    steps: n
+                }
+                .packed_tokens(16),
+                seq,
+                "{name}: tokens"
+            );
+        } else {
+            assert_eq!(got.mu, None);
+        }
+        // the named preset is the checkpoint config
+        if let Some(p) = case["preset"].as_str() {
+            assert_eq!(
+                preset(p).sample_sigmas(h, w, n).unwrap(),
+                got,
+                "{name}: preset {p} differs from its config"
+            );
+        }
+        // SD3.5: not diffusers' double-shifted default path (#13243)
+        if let Some(default) = case.get("diffusers_default_path") {
+            assert_eq!(
+                default["equals_shift_of_linspace_to_shifted_sigma_min"],
+                Value::Bool(true)
+            );
+            let d = max_abs(got.sigmas.as_slice(), &f32s(&default["sigmas"]));
+            assert!(
+                d > 1e-3,
+                "{name}: matches the double-shifted default path (diff {d:e})"
+            );
+        }
+    }
+    assert_eq!(cases.len(), 23);
+    println!("flowmatch: {} cases, max sigma diff {worst:e}", cases.len());
+}
+
+#[test]
+fn the_sd3_5_double_shift_bug_is_recorded_as_present() {
+    let fx = load("flowmatch_schedules.json");
+    assert_eq!(fx["meta"]["versions"]["diffusers"], "0.35.2");
+    assert_eq!(fx["meta"]["versions"]["numpy"], "1.26.4");
+    assert_eq!(
+        fx["meta"]["notes"]["diffusers_13243"]["present_in_installed_diffusers"],
+        true
+    );
+    // our static shift at 10 steps / shift 3: last non-zero sigma 3 * 0.1 / (1 + 2 * 0.1) = 0.25
+    let s = SchedulePolicy::sd3_5()
+        .sample_sigmas(1024, 1024, 10)
+        .unwrap();
+    assert_eq!(s.sigmas.as_slice()[9], 0.25);
+}
+
+#[test]
+fn unipc_flow_schedules_match_diffusers() {
+    let fx = load("unipc_flow_schedules.json");
+    let cases = fx["cases"].as_array().unwrap();
+    for case in cases {
+        let name = case["name"].as_str().unwrap();
+        let (h, w, n) = geometry(case);
+        let cfg: SchedulerConfig = serde_json::from_value(case["config"].clone()).unwrap();
+        let policy = SchedulePolicy::from_config(&cfg).unwrap();
+        assert_eq!(policy.grid(), BaseGrid::UniPcFlow);
+        let got = policy.sample_sigmas(h, w, n).unwrap();
+        check(name, &got, case);
+        assert!(
+            got.sigmas.as_slice()[0] < 1.0,
+            "{name}: UniPC's flow grid starts below 1"
+        );
+        // diffusers' integer timesteps are the truncation of ours
+        let ints: Vec<i64> = case["diffusers_int_timesteps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_i64().unwrap())
+            .collect();
+        for (k, (t, i)) in got.timesteps.iter().zip(&ints).enumerate() {
+            assert!(
+                (f64::from(*t) - *i as f64).abs() < 1.0,
+                "{name}: step {k}: {t} vs {i}"
+            );
+        }
+    }
+    assert_eq!(cases.len(), 3);
+}
+
+#[test]
+fn dance_grpo_schedules_match_its_schedule_function() {
+    let fx = load("dance_grpo_schedules.json");
+    assert_eq!(
+        fx["meta"]["sources"]["dance_grpo"]["commit"],
+        "15cc71d53cc2e6e18a68ee607d5fb6ba9a99e344"
+    );
+    let cases = fx["cases"].as_array().unwrap();
+    for case in cases {
+        let name = case["name"].as_str().unwrap();
+        let n = case["steps"].as_u64().unwrap() as usize;
+        let shift = case["shift"].as_f64().unwrap();
+        let got = SchedulePolicy::dance_grpo(shift)
+            .unwrap()
+            .sample_sigmas(512, 512, n)
+            .unwrap();
+        check(name, &got, case);
+    }
+    assert_eq!(cases.len(), 18);
+}
+
+#[test]
+fn checkpoint_config_files_load_to_the_presets() {
+    let dir = fixtures().join("configs");
+    for (name, p) in [
+        ("sd3_5", SchedulePolicy::sd3_5()),
+        ("qwen_image", SchedulePolicy::qwen_image()),
+        ("flux_1", SchedulePolicy::flux_1()),
+    ] {
+        // a checkpoint's scheduler/ directory, or the file itself
+        let from_dir = SchedulePolicy::load(dir.join(name)).unwrap();
+        let from_file = SchedulePolicy::load(dir.join(name).join("scheduler_config.json")).unwrap();
+        for (h, w, n) in [(384, 384, 12), (480, 832, 50), (1328, 1328, 28)] {
+            let want = p.sample_sigmas(h, w, n).unwrap();
+            assert_eq!(from_dir.sample_sigmas(h, w, n).unwrap(), want, "{name}");
+            assert_eq!(from_file.sample_sigmas(h, w, n).unwrap(), want, "{name}");
+        }
+    }
+    let missing = SchedulePolicy::load(dir.join("no-such-model")).unwrap_err();
+    assert!(
+        matches!(missing, schedule::ScheduleError::Io { .. }),
+        "{missing}"
+    );
+}
+
+#[test]
+fn flux_2_klein_schedules_match_its_pipeline() {
+    let fx = load("flux2_klein_schedules.json");
+    assert_eq!(
+        fx["meta"]["sources"]["diffusers_git"]["commit"],
+        "58eb52c0803ea9af3abec60841c2a093bdf1f951"
+    );
+    let cases = fx["cases"].as_array().unwrap();
+    let mut step_dependent = 0;
+    for case in cases {
+        let name = case["name"].as_str().unwrap();
+        let (h, w, n) = geometry(case);
+        let got = SchedulePolicy::flux_2_klein()
+            .sample_sigmas(h, w, n)
+            .unwrap();
+        check(name, &got, case);
+        assert_eq!(got.mu, case["mu"].as_f64(), "{name}: mu");
+        let seq = case["image_seq_len"].as_u64().unwrap();
+        assert_eq!(
+            MuInput {
+                height: h,
+                width: w,
+                steps: n
+            }
+            .packed_tokens(16),
+            seq,
+            "{name}: tokens"
+        );
+        if seq <= 4300 {
+            step_dependent += 1;
+        }
+    }
+    assert_eq!(cases.len(), 15);
+    assert!(
+        step_dependent >= 6,
+        "the fixture must cover the step-dependent branch"
+    );
+}
+
+#[test]
+fn flux_2_klein_override_changes_only_mu() {
+    // Same grid and shift type as FLUX.1; only compute_mu differs.
+    let klein = SchedulePolicy::flux_1()
+        .with_compute_mu(Arc::new(schedule::Flux2KleinMu))
+        .unwrap();
+    for (h, w, n) in [(512, 512, 4), (1024, 1024, 28), (1600, 1600, 50)] {
+        let a = klein.sample_sigmas(h, w, n).unwrap();
+        let b = SchedulePolicy::flux_2_klein()
+            .sample_sigmas(h, w, n)
+            .unwrap();
+        assert_eq!(a, b);
+    }
+}
+
+#[test]
+fn per_rollout_resample_matches_the_independent_reimplementation() {
+    let fx = load("per_rollout_resample.json");
+    let cases = fx["cases"].as_array().unwrap();
+    let mut draws = 0;
+    for case in cases {
+        let n = case["num_steps"].as_u64().unwrap() as usize;
+        let pool: Vec<usize> = case["pool"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as usize)
+            .collect();
+        let k = case["num_sde_steps"].as_u64().unwrap() as usize;
+        let fallback = EvalFallback::Explicit(ExplicitSteps::new(n, [pool[0]]).unwrap());
+        let plan = PerRolloutResample::new(n, pool, k, fallback).unwrap();
+        for d in case["draws"].as_array().unwrap() {
+            let id: u64 = d["rollout_id"].as_str().unwrap().parse().unwrap();
+            let want: Vec<usize> = d["steps"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_u64().unwrap() as usize)
+                .collect();
+            assert_eq!(
+                plan.steps(PlanQuery::rollout(id)).unwrap().as_slice(),
+                want.as_slice(),
+                "rollout {id}"
+            );
+            draws += 1;
+        }
+    }
+    assert_eq!(draws, 18);
+}
