@@ -9,13 +9,18 @@
 //! | [`sde_math`] | per-step SDE/ODE kernels and log-probs, one code path for sampling and replay |
 //! | [`schedule`] | sigma schedules and the plans of which steps are stochastic and trained |
 //! | [`noise_recipe`] | bit-stable initial noise, per-step noise policies, sample ids |
+//! | [`trajectory`] | rollout records and their crash-safe safetensors sidecars |
+//! | [`flow_grpo`] | advantages, the clipped objective, KL, replay log-probs, update plans |
+//! | [`dit_models`] | the Qwen-Image MMDiT with LoRA, diffusers-compatible weights |
 //!
-//! The rest of the family (`trajectory`, `flow-grpo`, `dit-models`,
-//! `reward`, `trainer-fsdp`) joins as each crate gets real content; see `docs/ARCHITECTURE.md`.
+//! `reward` and `trainer-fsdp` join as they get real content; see `docs/ARCHITECTURE.md`.
 #![deny(missing_docs)]
 
 pub mod backend;
 
+pub use dit_models;
+pub use flow_grpo;
 pub use noise_recipe;
 pub use schedule;
 pub use sde_math;
+pub use trajectory;

@@ -1,0 +1,44 @@
+//! Joint scaled-dot-product attention: the one place this crate calls burn's attention op.
+//!
+//! burn's `attention` takes `[batch, heads, seq, head_dim]` and a boolean mask where `true`
+//! means *masked out*; this wrapper takes the `[batch, seq, heads, head_dim]` layout of the
+//! model and a key mask where `true` means *attend* (diffusers / Hugging Face convention), and
+//! returns `[batch, seq, heads * head_dim]`. Under autodiff burn differentiates its reference
+//! decomposition, which keeps the full `[batch, heads, seq, seq]` score matrix for backward.
+
+use burn::tensor::backend::Backend;
+use burn::tensor::module::attention;
+use burn::tensor::ops::AttentionModuleOptions;
+use burn::tensor::{Bool, Tensor};
+
+/// `softmax(q·kᵀ / sqrt(head_dim) + mask) · v` over the joint sequence.
+///
+/// * `q`, `k`, `v`: `[batch, seq, heads, head_dim]`;
+/// * `key_mask`: `[batch, seq]`, `true` for a key every query may attend to, `false` for a
+///   padding token; `None` attends to everything. Every query row must keep at least one key.
+pub fn joint_attention<B: Backend>(
+    q: Tensor<B, 4>,
+    k: Tensor<B, 4>,
+    v: Tensor<B, 4>,
+    key_mask: Option<Tensor<B, 2, Bool>>,
+) -> Tensor<B, 3> {
+    let [b, s, h, d] = q.dims();
+    let mask = key_mask.map(|m| {
+        let [mb, ms] = m.dims();
+        assert_eq!(
+            [mb, ms],
+            [b, s],
+            "attention key mask must be [batch, seq] = [{b}, {s}]"
+        );
+        m.bool_not().reshape([b, 1, 1, s]).expand([b, h, s, s])
+    });
+    let out = attention(
+        q.swap_dims(1, 2),
+        k.swap_dims(1, 2),
+        v.swap_dims(1, 2),
+        mask,
+        None,
+        AttentionModuleOptions::default(),
+    );
+    out.swap_dims(1, 2).reshape([b, s, h * d])
+}

@@ -1,0 +1,298 @@
+//! The one error type of `dit-models`, and the structured reports it carries.
+
+use std::fmt;
+use std::path::PathBuf;
+
+use thiserror::Error;
+
+/// One problem with a configuration value: what was given and what is allowed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConfigProblem {
+    /// The field (e.g. `axes_dims_rope`).
+    pub field: &'static str,
+    /// The value given, printed.
+    pub given: String,
+    /// What is allowed.
+    pub allowed: String,
+}
+
+impl fmt::Display for ConfigProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} = {} (allowed: {})",
+            self.field, self.given, self.allowed
+        )
+    }
+}
+
+/// A tensor whose stored shape differs from the one the model expects.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShapeMismatch {
+    /// The checkpoint key.
+    pub key: String,
+    /// The shape the model expects, in the checkpoint's layout (PyTorch `[out, in]` for
+    /// linear weights).
+    pub expected: Vec<usize>,
+    /// The shape found in the file.
+    pub found: Vec<usize>,
+}
+
+/// A tensor stored in a dtype the loader cannot convert to a float.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DtypeProblem {
+    /// The checkpoint key.
+    pub key: String,
+    /// The stored dtype, as safetensors names it.
+    pub dtype: String,
+}
+
+/// Everything that is wrong between a checkpoint and a model, collected before failing.
+///
+/// Loading never stops at the first bad key: every missing, unexpected, mis-shaped and
+/// unconvertible tensor is listed by name.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WeightReport {
+    /// Keys the model needs that the checkpoint lacks.
+    pub missing: Vec<String>,
+    /// Keys in the checkpoint that the model has no parameter for.
+    pub unexpected: Vec<String>,
+    /// Keys present on both sides with different shapes.
+    pub mismatched: Vec<ShapeMismatch>,
+    /// Keys stored in a dtype that is not a float the loader converts (f64, f32, f16, bf16).
+    pub unsupported_dtype: Vec<DtypeProblem>,
+}
+
+impl WeightReport {
+    /// `true` when nothing is wrong.
+    pub fn is_clean(&self) -> bool {
+        self.missing.is_empty()
+            && self.unexpected.is_empty()
+            && self.mismatched.is_empty()
+            && self.unsupported_dtype.is_empty()
+    }
+
+    pub(crate) fn sort(&mut self) {
+        self.missing.sort();
+        self.unexpected.sort();
+        self.mismatched.sort_by(|a, b| a.key.cmp(&b.key));
+        self.unsupported_dtype.sort_by(|a, b| a.key.cmp(&b.key));
+    }
+}
+
+impl fmt::Display for WeightReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut parts = Vec::new();
+        if !self.missing.is_empty() {
+            parts.push(format!(
+                "{} missing: [{}]",
+                self.missing.len(),
+                self.missing.join(", ")
+            ));
+        }
+        if !self.unexpected.is_empty() {
+            parts.push(format!(
+                "{} unexpected: [{}]",
+                self.unexpected.len(),
+                self.unexpected.join(", ")
+            ));
+        }
+        if !self.mismatched.is_empty() {
+            let items: Vec<String> = self
+                .mismatched
+                .iter()
+                .map(|m| format!("{} (expected {:?}, found {:?})", m.key, m.expected, m.found))
+                .collect();
+            parts.push(format!(
+                "{} mis-shaped: [{}]",
+                items.len(),
+                items.join(", ")
+            ));
+        }
+        if !self.unsupported_dtype.is_empty() {
+            let items: Vec<String> = self
+                .unsupported_dtype
+                .iter()
+                .map(|d| format!("{} ({})", d.key, d.dtype))
+                .collect();
+            parts.push(format!(
+                "{} with unsupported dtype: [{}]",
+                items.len(),
+                items.join(", ")
+            ));
+        }
+        if parts.is_empty() {
+            write!(f, "no problems")
+        } else {
+            write!(f, "{}", parts.join("; "))
+        }
+    }
+}
+
+/// A field where an adapter contract and what is being loaded disagree.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ContractMismatch {
+    /// The contract field (`rank`, `alpha`, `dropout`, `target_modules`, `use_rslora`,
+    /// `base_model_hash`).
+    pub field: &'static str,
+    /// The value the contract records (or the caller expects).
+    pub recorded: String,
+    /// The value found.
+    pub found: String,
+}
+
+fn join<T: fmt::Display>(items: &[T]) -> String {
+    items
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// Everything that can go wrong in `dit-models`.
+///
+/// IO, configuration and data problems are returned; a tensor-shape mistake by the
+/// programmer (e.g. `hidden_states` whose token count disagrees with `img_shapes`) panics with
+/// a precise message.
+#[derive(Debug, Error)]
+pub enum DitError {
+    /// A model configuration is invalid; every problem is listed.
+    #[error("invalid QwenImage configuration: {}", join(problems))]
+    InvalidConfig {
+        /// The problems, each with the value given and what is allowed.
+        problems: Vec<ConfigProblem>,
+    },
+
+    /// A LoRA configuration is invalid; every problem is listed.
+    #[error("invalid LoRA configuration: {}", join(problems))]
+    InvalidLora {
+        /// The problems, each with the value given and what is allowed.
+        problems: Vec<ConfigProblem>,
+    },
+
+    /// LoRA dropout is not zero. A stochastic forward breaks the `ratio == 1` invariant of
+    /// the first policy update (the old-policy anchor is a replay through the live model).
+    #[error(
+        "LoRA dropout = {given}; must be 0 (a stochastic forward breaks ratio == 1 of the first update)"
+    )]
+    LoraDropout {
+        /// The dropout given.
+        given: f64,
+    },
+
+    /// Target-module suffixes that match no `Linear` layer of the model.
+    #[error("LoRA target modules match no Linear layer: [{}]", targets.join(", "))]
+    LoraTargetsUnmatched {
+        /// The unmatched suffixes.
+        targets: Vec<String>,
+    },
+
+    /// An adapter is already attached (attach one adapter at a time).
+    #[error("the model already carries a LoRA adapter")]
+    AdapterAlreadyAttached,
+
+    /// The operation needs an adapter and the model has none.
+    #[error("the model carries no LoRA adapter")]
+    NoAdapter,
+
+    /// A PEFT adapter uses a feature this crate does not implement; every one is listed.
+    #[error("unsupported PEFT adapter: {}", join(problems))]
+    UnsupportedAdapter {
+        /// The unsupported settings.
+        problems: Vec<ConfigProblem>,
+    },
+
+    /// An adapter contract disagrees with the adapter or the base model; every field listed.
+    #[error("adapter contract mismatch: {}", mismatches.iter().map(|m| format!("{} recorded {} found {}", m.field, m.recorded, m.found)).collect::<Vec<_>>().join("; "))]
+    ContractMismatch {
+        /// The disagreeing fields.
+        mismatches: Vec<ContractMismatch>,
+    },
+
+    /// The base model's hash is needed (to write or check an adapter contract) and cannot be
+    /// computed: the adapter is merged into the base weights and the model was not loaded from
+    /// a checkpoint.
+    #[error(
+        "base-model hash unknown: adapters are merged into the base weights; unmerge first or load the base from a checkpoint"
+    )]
+    BaseHashUnavailable,
+
+    /// Checkpoint tensors do not fit the model; every problem is listed by key.
+    #[error("checkpoint {path} does not fit the model: {report}")]
+    Weights {
+        /// The checkpoint (file or directory).
+        path: PathBuf,
+        /// Missing, unexpected, mis-shaped and unconvertible keys.
+        report: WeightReport,
+    },
+
+    /// No checkpoint was found where one was expected.
+    #[error(
+        "no diffusers checkpoint in {dir}: expected diffusion_pytorch_model.safetensors or diffusion_pytorch_model.safetensors.index.json"
+    )]
+    NoCheckpoint {
+        /// The directory searched.
+        dir: PathBuf,
+    },
+
+    /// A sharded index names a key twice or is otherwise inconsistent with its shards.
+    #[error("{path}: key {key} is in the index but not in shard {shard}")]
+    IndexMismatch {
+        /// The index file.
+        path: PathBuf,
+        /// The key.
+        key: String,
+        /// The shard file the index names for it.
+        shard: String,
+    },
+
+    /// A file could not be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// A JSON file (config, index, adapter config, contract) could not be parsed.
+    #[error("{path}: invalid JSON: {source}")]
+    Json {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: serde_json::Error,
+    },
+
+    /// A JSON file parsed but a field has the wrong type or is missing.
+    #[error("{path}: field {field}: expected {expected}")]
+    JsonField {
+        /// The file.
+        path: PathBuf,
+        /// The field.
+        field: &'static str,
+        /// What was expected.
+        expected: &'static str,
+    },
+
+    /// A safetensors file is malformed.
+    #[error("{path}: invalid safetensors file: {source}")]
+    Safetensors {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: safetensors::SafeTensorError,
+    },
+}
+
+impl DitError {
+    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        DitError::Io {
+            path: path.into(),
+            source,
+        }
+    }
+}

@@ -1,0 +1,677 @@
+//! LoRA adapters on the model's `Linear` layers: attach, freeze the base, enable/disable per
+//! call, merge/unmerge, Hugging Face PEFT import/export, and the adapter contract.
+//!
+//! An adapted layer computes `x·W + b + s·(x·A)·B` (`s = alpha / r`, or `alpha / sqrt(r)` with
+//! rsLoRA), never the full-size `W + s·A·B`. Layers are selected as PEFT does with a list of
+//! `target_modules`: a layer whose diffusers module name equals a target or ends with
+//! `"." + target`. The default targets are the eight attention projections of every block.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use burn::config::Config;
+use burn::module::{Module, ModuleVisitor, Param};
+use burn::tensor::backend::Backend;
+use burn::tensor::{Distribution, Tensor};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::error::{ConfigProblem, ContractMismatch, DitError, ShapeMismatch, WeightReport};
+use crate::layers::{Linear, LoraAdapter};
+use crate::model::{LayerMut, LayerRef, QwenImageTransformer2DModel, checkpoint_name};
+use crate::weights::{
+    Checkpoint, WeightDtype, device_tensor, host_f32, set_param, transpose, write_safetensors,
+};
+
+/// The default LoRA targets: the eight attention projections of each block, image stream
+/// (`attn.to_q/to_k/to_v/to_out.0`) and text stream
+/// (`attn.add_q_proj/add_k_proj/add_v_proj/to_add_out`) — the reference recipe's
+/// `lora_target_modules`.
+pub const DEFAULT_TARGET_MODULES: [&str; 8] = [
+    "attn.to_q",
+    "attn.to_k",
+    "attn.to_v",
+    "attn.to_out.0",
+    "attn.add_q_proj",
+    "attn.add_k_proj",
+    "attn.add_v_proj",
+    "attn.to_add_out",
+];
+
+/// PEFT's file of adapter weights.
+pub const ADAPTER_WEIGHTS_FILE: &str = "adapter_model.safetensors";
+/// PEFT's adapter configuration file.
+pub const ADAPTER_CONFIG_FILE: &str = "adapter_config.json";
+/// The adapter contract written next to every saved adapter.
+pub const CONTRACT_FILE: &str = "adapter_contract.json";
+/// Prefix of PEFT's saved keys (`PeftModel.save_pretrained` on a bare model).
+pub const PEFT_KEY_PREFIX: &str = "base_model.model.";
+
+/// A LoRA configuration (PEFT's `LoraConfig` fields: `r`, `lora_alpha`, `lora_dropout`,
+/// `target_modules`, `use_rslora`).
+///
+/// ```
+/// use dit_models::{DitError, LoraConfig};
+///
+/// let c = LoraConfig::new(64, 128.0);
+/// assert_eq!(c.scale(), 2.0);
+/// assert_eq!(c.target_modules.len(), 8);
+/// assert!(c.validate().is_ok());
+/// let err = LoraConfig::new(64, 128.0).with_dropout(0.1).validate().unwrap_err();
+/// assert!(matches!(err, DitError::LoraDropout { given } if given == 0.1));
+/// ```
+#[derive(Config, Debug, PartialEq)]
+pub struct LoraConfig {
+    /// Rank `r` (PEFT `r`).
+    pub rank: usize,
+    /// `lora_alpha`; the adapter's scale is `alpha / r` (or `alpha / sqrt(r)` with rsLoRA).
+    /// It cannot be recovered from the weights, which is why the contract records it.
+    pub alpha: f64,
+    /// Must be `0` (see [`DitError::LoraDropout`]).
+    #[config(default = 0.0)]
+    pub dropout: f64,
+    /// Module-name suffixes selecting the adapted `Linear` layers.
+    #[config(default = "DEFAULT_TARGET_MODULES.iter().map(|s| s.to_string()).collect()")]
+    pub target_modules: Vec<String>,
+    /// rsLoRA scaling `alpha / sqrt(r)`.
+    #[config(default = false)]
+    pub use_rslora: bool,
+}
+
+impl LoraConfig {
+    /// The adapter scale `s`.
+    pub fn scale(&self) -> f64 {
+        if self.use_rslora {
+            self.alpha / (self.rank as f64).sqrt()
+        } else {
+            self.alpha / self.rank as f64
+        }
+    }
+
+    /// Checks every field. A nonzero dropout alone is [`DitError::LoraDropout`]; together with
+    /// other problems, all are listed in [`DitError::InvalidLora`].
+    pub fn validate(&self) -> Result<(), DitError> {
+        let mut problems = Vec::new();
+        if self.rank == 0 {
+            problems.push(ConfigProblem {
+                field: "rank",
+                given: "0".into(),
+                allowed: "a positive integer".into(),
+            });
+        }
+        if !(self.alpha.is_finite() && self.alpha > 0.0) {
+            problems.push(ConfigProblem {
+                field: "alpha",
+                given: self.alpha.to_string(),
+                allowed: "a finite positive number".into(),
+            });
+        }
+        if self.target_modules.is_empty() || self.target_modules.iter().any(|t| t.is_empty()) {
+            problems.push(ConfigProblem {
+                field: "target_modules",
+                given: format!("{:?}", self.target_modules),
+                allowed: "a non-empty list of non-empty module-name suffixes".into(),
+            });
+        }
+        let dropout_bad = self.dropout != 0.0;
+        match (problems.is_empty(), dropout_bad) {
+            (true, false) => Ok(()),
+            (true, true) => Err(DitError::LoraDropout {
+                given: self.dropout,
+            }),
+            (false, _) => {
+                if dropout_bad {
+                    problems.push(ConfigProblem {
+                        field: "dropout",
+                        given: self.dropout.to_string(),
+                        allowed: "0 (a stochastic forward breaks ratio == 1)".into(),
+                    });
+                }
+                Err(DitError::InvalidLora { problems })
+            }
+        }
+    }
+
+    /// Whether the diffusers module `name` is selected: equal to a target or ending with
+    /// `"." + target` (PEFT's rule for a list of targets).
+    pub fn matches(&self, name: &str) -> bool {
+        self.target_modules.iter().any(|t| matches_target(name, t))
+    }
+}
+
+fn matches_target(name: &str, target: &str) -> bool {
+    name == target
+        || (name.len() > target.len()
+            && name.ends_with(target)
+            && name.as_bytes()[name.len() - target.len() - 1] == b'.')
+}
+
+/// What every saved adapter records, and every load checks (`adapter_contract.json`).
+///
+/// Alpha cannot be recovered from the weights: a wrong one silently rescales the policy.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AdapterContract {
+    /// Format tag, [`AdapterContract::FORMAT`].
+    pub format: String,
+    /// Rank `r`.
+    pub rank: usize,
+    /// `lora_alpha`.
+    pub alpha: f64,
+    /// Dropout (always 0 here).
+    pub dropout: f64,
+    /// Target-module suffixes, sorted.
+    pub target_modules: Vec<String>,
+    /// rsLoRA scaling.
+    pub use_rslora: bool,
+    /// The base model's hash ([`crate::weights::hash_tensors`]).
+    pub base_model_hash: String,
+}
+
+impl AdapterContract {
+    /// The current format tag.
+    pub const FORMAT: &'static str = "dit-models/adapter-contract/1";
+
+    /// The contract of `config` on the base with hash `base_model_hash`.
+    pub fn new(config: &LoraConfig, base_model_hash: &str) -> Self {
+        let mut targets = config.target_modules.clone();
+        targets.sort();
+        targets.dedup();
+        Self {
+            format: Self::FORMAT.into(),
+            rank: config.rank,
+            alpha: config.alpha,
+            dropout: config.dropout,
+            target_modules: targets,
+            use_rslora: config.use_rslora,
+            base_model_hash: base_model_hash.into(),
+        }
+    }
+
+    /// Every field where `found` differs from `self` (the recorded / expected contract).
+    pub fn mismatches(&self, found: &AdapterContract) -> Vec<ContractMismatch> {
+        let mut out = Vec::new();
+        let mut cmp = |field: &'static str, a: String, b: String| {
+            if a != b {
+                out.push(ContractMismatch {
+                    field,
+                    recorded: a,
+                    found: b,
+                });
+            }
+        };
+        cmp("rank", self.rank.to_string(), found.rank.to_string());
+        cmp("alpha", self.alpha.to_string(), found.alpha.to_string());
+        cmp(
+            "dropout",
+            self.dropout.to_string(),
+            found.dropout.to_string(),
+        );
+        cmp(
+            "target_modules",
+            format!("{:?}", self.target_modules),
+            format!("{:?}", found.target_modules),
+        );
+        cmp(
+            "use_rslora",
+            self.use_rslora.to_string(),
+            found.use_rslora.to_string(),
+        );
+        cmp(
+            "base_model_hash",
+            self.base_model_hash.clone(),
+            found.base_model_hash.clone(),
+        );
+        out
+    }
+}
+
+/// Collects `(burn path, requires grad)` of every float parameter.
+struct GradVisitor {
+    path: Vec<String>,
+    out: Vec<(String, bool)>,
+}
+
+impl<B: Backend> ModuleVisitor<B> for GradVisitor {
+    fn enter_module(&mut self, name: &str, _container: &str) {
+        self.path.push(name.to_string());
+    }
+    fn exit_module(&mut self, _name: &str, _container: &str) {
+        self.path.pop();
+    }
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        self.out
+            .push((self.path.join("."), param.is_require_grad()));
+    }
+}
+
+fn freeze<B: Backend, const D: usize>(p: &mut Param<Tensor<B, D>>) {
+    let v = p.val().detach();
+    set_param(p, v, false);
+}
+
+impl<B: Backend> QwenImageTransformer2DModel<B> {
+    /// Attaches a fresh adapter to every `Linear` layer `config` selects: `A` uniform in
+    /// `±1/sqrt(d_in)` (PEFT's default, Kaiming-uniform with `a = sqrt(5)`), `B = 0`, so the
+    /// adapted model starts equal to the base. Every base parameter is frozen (no gradient);
+    /// only `lora_a` / `lora_b` require gradients.
+    ///
+    /// Errors: an invalid configuration (dropout != 0 included), targets that match no layer,
+    /// or an adapter already attached.
+    pub fn attach_lora(mut self, config: &LoraConfig) -> Result<Self, DitError> {
+        config.validate()?;
+        if self.lora_config.is_some() {
+            return Err(DitError::AdapterAlreadyAttached);
+        }
+        let names = self.linear_names();
+        let unmatched: Vec<String> = config
+            .target_modules
+            .iter()
+            .filter(|t| !names.iter().any(|n| matches_target(n, t)))
+            .cloned()
+            .collect();
+        if !unmatched.is_empty() {
+            return Err(DitError::LoraTargetsUnmatched { targets: unmatched });
+        }
+        let device = self.img_in.weight.lazy_device();
+        let scale = config.scale();
+        for (path, layer) in self.layers_mut() {
+            match layer {
+                LayerMut::Linear(l) => {
+                    freeze(&mut l.weight);
+                    if let Some(b) = l.bias.as_mut() {
+                        freeze(b);
+                    }
+                    if config.matches(&checkpoint_name(&path)) {
+                        let (d_in, d_out) = l.dims();
+                        let k = 1.0 / (d_in as f64).sqrt();
+                        let a = Tensor::<B, 2>::random(
+                            [d_in, config.rank],
+                            Distribution::Uniform(-k, k),
+                            &device,
+                        );
+                        let b = Tensor::<B, 2>::zeros([config.rank, d_out], &device);
+                        l.lora = Some(LoraAdapter {
+                            lora_a: Param::from_tensor(a),
+                            lora_b: Param::from_tensor(b),
+                            scale,
+                            merged: false,
+                        });
+                    }
+                }
+                LayerMut::Norm(n) => freeze(&mut n.weight),
+            }
+        }
+        self.lora_config = Some(config.clone());
+        Ok(self)
+    }
+
+    /// The attached adapter's configuration.
+    pub fn lora_config(&self) -> Option<&LoraConfig> {
+        self.lora_config.as_ref()
+    }
+
+    /// The diffusers module names carrying an adapter, in model order.
+    pub fn adapted_modules(&self) -> Vec<String> {
+        self.layers()
+            .into_iter()
+            .filter_map(|(p, l)| match l {
+                LayerRef::Linear(l) if l.lora.is_some() => Some(checkpoint_name(&p)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// `(burn parameter path, requires gradient)` for every float parameter.
+    pub fn param_requires_grad(&self) -> Vec<(String, bool)> {
+        let mut v = GradVisitor {
+            path: Vec::new(),
+            out: Vec::new(),
+        };
+        self.visit(&mut v);
+        v.out
+    }
+
+    fn map_adapted(mut self, f: impl Fn(&mut Linear<B>)) -> Self {
+        for (_, layer) in self.layers_mut() {
+            if let LayerMut::Linear(l) = layer
+                && l.lora.is_some()
+            {
+                f(l);
+            }
+        }
+        self
+    }
+
+    /// Folds every adapter into its base weight: `W <- W + s·A·B` (the only place the
+    /// full-size product is formed). The adapter stays attached and marked merged: an
+    /// enabled forward uses the folded weight alone, a disabled one subtracts `s·(x·A)·B`.
+    /// Merging a merged adapter does nothing.
+    pub fn merge_adapters(self) -> Self {
+        self.map_adapted(|l| {
+            let a = l.lora.as_mut().expect("adapted");
+            if !a.merged {
+                let delta = a.lora_a.val().matmul(a.lora_b.val()).mul_scalar(a.scale);
+                let w = (l.weight.val() + delta).detach();
+                set_param(&mut l.weight, w, false);
+                a.merged = true;
+            }
+        })
+    }
+
+    /// Undoes [`Self::merge_adapters`]: `W <- W - s·A·B` (equal to the original base up to
+    /// floating-point rounding).
+    pub fn unmerge_adapters(self) -> Self {
+        self.map_adapted(|l| {
+            let a = l.lora.as_mut().expect("adapted");
+            if a.merged {
+                let delta = a.lora_a.val().matmul(a.lora_b.val()).mul_scalar(a.scale);
+                let w = (l.weight.val() - delta).detach();
+                set_param(&mut l.weight, w, false);
+                a.merged = false;
+            }
+        })
+    }
+
+    /// The adapter contract of the attached adapter on this base: rank, alpha, dropout,
+    /// targets, rsLoRA and the base-model hash (computed now if it is not known).
+    pub fn adapter_contract(&mut self) -> Result<AdapterContract, DitError> {
+        let config = self.lora_config.clone().ok_or(DitError::NoAdapter)?;
+        let hash = match self.base_model_hash() {
+            Some(h) => h.to_string(),
+            None => self.compute_base_model_hash()?,
+        };
+        Ok(AdapterContract::new(&config, &hash))
+    }
+
+    /// Writes the adapter as a Hugging Face PEFT directory — `adapter_model.safetensors`
+    /// (keys `base_model.model.{module}.lora_A.weight` `[r, d_in]` and `...lora_B.weight`
+    /// `[d_out, r]`, f32) and `adapter_config.json` — plus `adapter_contract.json`, and
+    /// returns the contract. `PeftModel.from_pretrained(QwenImageTransformer2DModel, dir)`
+    /// loads it.
+    pub fn save_peft_adapter(
+        &mut self,
+        dir: impl AsRef<Path>,
+    ) -> Result<AdapterContract, DitError> {
+        let dir = dir.as_ref();
+        let contract = self.adapter_contract()?;
+        let config = self.lora_config.clone().ok_or(DitError::NoAdapter)?;
+        std::fs::create_dir_all(dir).map_err(|e| DitError::io(dir, e))?;
+        let mut tensors = Vec::new();
+        for (path, layer) in self.layers() {
+            if let LayerRef::Linear(l) = layer
+                && let Some(a) = &l.lora
+            {
+                let name = checkpoint_name(&path);
+                let (d_in, d_out) = l.dims();
+                let r = a.rank();
+                tensors.push((
+                    format!("{PEFT_KEY_PREFIX}{name}.lora_A.weight"),
+                    vec![r, d_in],
+                    transpose(&host_f32(a.lora_a.val()), d_in, r),
+                ));
+                tensors.push((
+                    format!("{PEFT_KEY_PREFIX}{name}.lora_B.weight"),
+                    vec![d_out, r],
+                    transpose(&host_f32(a.lora_b.val()), r, d_out),
+                ));
+            }
+        }
+        let mut meta = BTreeMap::new();
+        meta.insert("format".to_string(), "pt".to_string());
+        write_safetensors(&dir.join(ADAPTER_WEIGHTS_FILE), tensors, &meta)?;
+        write_json(&dir.join(ADAPTER_CONFIG_FILE), &peft_config_json(&config))?;
+        write_json(
+            &dir.join(CONTRACT_FILE),
+            &serde_json::to_value(&contract).expect("json"),
+        )?;
+        Ok(contract)
+    }
+
+    /// Loads a PEFT LoRA adapter directory (PEFT's own `save_pretrained` output or
+    /// [`Self::save_peft_adapter`]'s) onto this base model.
+    ///
+    /// The adapter is attached with the directory's `adapter_config.json` (unsupported PEFT
+    /// features — DoRA, biases, per-module rank/alpha patterns, regex targets,
+    /// `fan_in_fan_out` — are listed in [`DitError::UnsupportedAdapter`]; dropout != 0 is
+    /// [`DitError::LoraDropout`]); missing, unexpected and mis-shaped adapter tensors are
+    /// reported together. If the directory holds an `adapter_contract.json`, it must agree
+    /// with the adapter config and with this base model's hash. If `expected` is given, the
+    /// directory must hold a contract equal to it.
+    pub fn load_peft_adapter(
+        self,
+        dir: impl AsRef<Path>,
+        expected: Option<&AdapterContract>,
+    ) -> Result<Self, DitError> {
+        let dir = dir.as_ref();
+        let config = read_peft_config(&dir.join(ADAPTER_CONFIG_FILE))?;
+        let contract_path = dir.join(CONTRACT_FILE);
+        let recorded: Option<AdapterContract> = if contract_path.is_file() {
+            let text = std::fs::read_to_string(&contract_path)
+                .map_err(|e| DitError::io(&contract_path, e))?;
+            Some(
+                serde_json::from_str(&text).map_err(|source| DitError::Json {
+                    path: contract_path.clone(),
+                    source,
+                })?,
+            )
+        } else {
+            None
+        };
+        let mut model = self.attach_lora(&config)?;
+        if recorded.is_some() || expected.is_some() {
+            let found = model.adapter_contract()?;
+            let mut mismatches = Vec::new();
+            if let Some(r) = &recorded {
+                mismatches.extend(r.mismatches(&found));
+            }
+            match (expected, &recorded) {
+                (Some(e), Some(r)) => mismatches.extend(e.mismatches(r)),
+                (Some(e), None) => mismatches.push(ContractMismatch {
+                    field: "adapter_contract.json",
+                    recorded: format!("{e:?}"),
+                    found: "absent".into(),
+                }),
+                _ => {}
+            }
+            if !mismatches.is_empty() {
+                mismatches.dedup();
+                return Err(DitError::ContractMismatch { mismatches });
+            }
+        }
+        let checkpoint = Checkpoint::open(dir.join(ADAPTER_WEIGHTS_FILE))?;
+        model.load_adapter_tensors(&checkpoint)?;
+        Ok(model)
+    }
+
+    fn load_adapter_tensors(&mut self, checkpoint: &Checkpoint) -> Result<(), DitError> {
+        let device = self.img_in.weight.lazy_device();
+        let mut report = WeightReport::default();
+        let mut expected = std::collections::HashSet::new();
+        // Keys may carry PEFT's prefix (PeftModel) or diffusers' `transformer.` prefix.
+        let prefix = [PEFT_KEY_PREFIX, "transformer.", ""]
+            .into_iter()
+            .find(|p| {
+                checkpoint
+                    .keys()
+                    .any(|k| k.starts_with(p) && k.contains(".lora_"))
+            })
+            .unwrap_or(PEFT_KEY_PREFIX);
+        for (path, layer) in self.layers_mut() {
+            let LayerMut::Linear(l) = layer else { continue };
+            let (d_in, d_out) = l.dims();
+            let Some(a) = l.lora.as_mut() else { continue };
+            let name = checkpoint_name(&path);
+            let r = a.rank();
+            for (suffix, shape, slot) in [
+                ("lora_A.weight", [r, d_in], &mut a.lora_a),
+                ("lora_B.weight", [d_out, r], &mut a.lora_b),
+            ] {
+                let key = format!("{prefix}{name}.{suffix}");
+                expected.insert(key.clone());
+                let Some(stored) = checkpoint.stored(&key) else {
+                    report.missing.push(key);
+                    continue;
+                };
+                if stored.shape != shape {
+                    report.mismatched.push(ShapeMismatch {
+                        key,
+                        expected: shape.to_vec(),
+                        found: stored.shape,
+                    });
+                    continue;
+                }
+                let Some(values) = checkpoint.read_f32(&key) else {
+                    report.unsupported_dtype.push(crate::error::DtypeProblem {
+                        key,
+                        dtype: stored.dtype,
+                    });
+                    continue;
+                };
+                let t = device_tensor::<B, 2>(
+                    transpose(&values, shape[0], shape[1]),
+                    [shape[1], shape[0]],
+                    WeightDtype::F32,
+                    &device,
+                );
+                set_param(slot, t, true);
+            }
+        }
+        report.unexpected = checkpoint
+            .keys()
+            .filter(|k| !expected.contains(*k))
+            .map(str::to_string)
+            .collect();
+        report.sort();
+        if report.is_clean() {
+            Ok(())
+        } else {
+            Err(DitError::Weights {
+                path: checkpoint.path().into(),
+                report,
+            })
+        }
+    }
+}
+
+fn write_json(path: &Path, v: &Value) -> Result<(), DitError> {
+    let text = serde_json::to_string_pretty(v).expect("json") + "\n";
+    std::fs::write(path, text).map_err(|e| DitError::io(path, e))
+}
+
+/// The `adapter_config.json` PEFT writes for a plain LoRA (the fields PEFT 0.21 reads; the
+/// rest take PEFT's defaults).
+fn peft_config_json(c: &LoraConfig) -> Value {
+    let mut targets = c.target_modules.clone();
+    targets.sort();
+    targets.dedup();
+    serde_json::json!({
+        "peft_type": "LORA",
+        "task_type": null,
+        "base_model_name_or_path": null,
+        "revision": null,
+        "inference_mode": true,
+        "r": c.rank,
+        "lora_alpha": c.alpha,
+        "lora_dropout": c.dropout,
+        "target_modules": targets,
+        "exclude_modules": null,
+        "fan_in_fan_out": false,
+        "bias": "none",
+        "use_rslora": c.use_rslora,
+        "use_dora": false,
+        "modules_to_save": null,
+        "init_lora_weights": true,
+        "layers_to_transform": null,
+        "layers_pattern": null,
+        "rank_pattern": {},
+        "alpha_pattern": {},
+        "lora_bias": false,
+    })
+}
+
+/// Reads a PEFT `adapter_config.json` into a [`LoraConfig`], listing unsupported features.
+fn read_peft_config(path: &Path) -> Result<LoraConfig, DitError> {
+    let text = std::fs::read_to_string(path).map_err(|e| DitError::io(path, e))?;
+    let v: Value = serde_json::from_str(&text).map_err(|source| DitError::Json {
+        path: path.into(),
+        source,
+    })?;
+    let field = |f: &'static str, expected: &'static str| DitError::JsonField {
+        path: path.into(),
+        field: f,
+        expected,
+    };
+    let mut problems = Vec::new();
+    let mut unsupported = |f: &'static str, given: &Value, allowed: &str| {
+        problems.push(ConfigProblem {
+            field: f,
+            given: given.to_string(),
+            allowed: allowed.into(),
+        })
+    };
+    let get = |f: &str| v.get(f).unwrap_or(&Value::Null);
+    if let Some(t) = v.get("peft_type")
+        && t != "LORA"
+    {
+        unsupported("peft_type", t, "\"LORA\"");
+    }
+    for f in ["use_dora", "fan_in_fan_out", "lora_bias"] {
+        let x = get(f);
+        if !(x.is_null() || *x == Value::Bool(false)) {
+            unsupported(f, x, "false");
+        }
+    }
+    let bias = get("bias");
+    if !(bias.is_null() || bias == "none") {
+        unsupported("bias", bias, "\"none\"");
+    }
+    for f in ["rank_pattern", "alpha_pattern"] {
+        let x = get(f);
+        if !(x.is_null() || x.as_object().is_some_and(|o| o.is_empty())) {
+            unsupported(f, x, "empty (one rank and alpha for every module)");
+        }
+    }
+    for f in ["layers_to_transform", "modules_to_save", "exclude_modules"] {
+        let x = get(f);
+        if !(x.is_null() || x.as_array().is_some_and(|a| a.is_empty())) {
+            unsupported(f, x, "null");
+        }
+    }
+    let targets: Vec<String> = match get("target_modules") {
+        Value::Array(a) => a
+            .iter()
+            .map(|x| x.as_str().map(str::to_string))
+            .collect::<Option<_>>()
+            .ok_or_else(|| field("target_modules", "a list of strings"))?,
+        other => {
+            unsupported(
+                "target_modules",
+                other,
+                "a list of module-name suffixes (regex strings are not supported)",
+            );
+            Vec::new()
+        }
+    };
+    if !problems.is_empty() {
+        return Err(DitError::UnsupportedAdapter { problems });
+    }
+    let rank = get("r")
+        .as_u64()
+        .ok_or_else(|| field("r", "a positive integer"))? as usize;
+    let alpha = get("lora_alpha")
+        .as_f64()
+        .ok_or_else(|| field("lora_alpha", "a number"))?;
+    let dropout = match get("lora_dropout") {
+        Value::Null => 0.0,
+        x => x
+            .as_f64()
+            .ok_or_else(|| field("lora_dropout", "a number"))?,
+    };
+    let use_rslora = get("use_rslora").as_bool().unwrap_or(false);
+    let config = LoraConfig::new(rank, alpha)
+        .with_dropout(dropout)
+        .with_target_modules(targets)
+        .with_use_rslora(use_rslora);
+    config.validate()?;
+    Ok(config)
+}
