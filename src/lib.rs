@@ -12,8 +12,10 @@
 //! | [`trajectory`] | rollout records and their crash-safe safetensors sidecars |
 //! | [`flow_grpo`] | advantages, the clipped objective, KL, replay log-probs, update plans |
 //! | [`dit_models`] | the Qwen-Image MMDiT with LoRA, diffusers-compatible weights |
+//! | [`reward`] | scorers (PickScore, JPEG, remote, the shapes world) and their combination |
+//! | [`trainer_fsdp`] | the training loop: config and preflight, phases, checkpoints, monitoring |
 //!
-//! `reward` and `trainer-fsdp` join as they get real content; see `docs/ARCHITECTURE.md`.
+//! See `docs/ARCHITECTURE.md` for the layer map.
 #![deny(missing_docs)]
 
 pub mod backend;
@@ -21,6 +23,8 @@ pub mod backend;
 pub use dit_models;
 pub use flow_grpo;
 pub use noise_recipe;
+pub use reward;
 pub use schedule;
 pub use sde_math;
+pub use trainer_fsdp;
 pub use trajectory;

@@ -1,0 +1,437 @@
+//! The one error type of `trainer-fsdp`.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use thiserror::Error;
+
+use crate::config::{OverrideProblem, PreflightProblem};
+
+/// Everything that can go wrong in the training loop's infrastructure. Configuration problems
+/// are listed all at once ([`TrainerError::Preflight`]); IO problems name the file and the
+/// operation; a checkpoint that cannot be trusted says why.
+#[derive(Debug, Error)]
+pub enum TrainerError {
+    /// A filesystem operation failed.
+    #[error("cannot {op} {path}")]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// What was being done.
+        op: &'static str,
+        /// The IO error.
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// A config is not valid TOML, misses a required key, has an unknown key or a wrong type.
+    #[error("config {origin} is not a valid training config")]
+    ConfigParse {
+        /// The file, `<memory>` or `<overrides>`.
+        origin: PathBuf,
+        /// The parser's error (it names the key).
+        #[source]
+        source: Box<toml::de::Error>,
+    },
+
+    /// The resolved config could not be written as TOML.
+    #[error("cannot serialise the training config as TOML")]
+    ConfigSerialize {
+        /// The serialiser's error.
+        #[source]
+        source: toml::ser::Error,
+    },
+
+    /// A `key=value` override is malformed.
+    #[error("override {given:?}: {problem}")]
+    Override {
+        /// The override as given.
+        given: String,
+        /// What is wrong.
+        problem: OverrideProblem,
+    },
+
+    /// A recipe name that does not exist.
+    #[error("unknown recipe {given}; known recipes: {}", known.join(", "))]
+    UnknownRecipe {
+        /// The name given.
+        given: String,
+        /// The known names.
+        known: Vec<&'static str>,
+    },
+
+    /// Preflight validation failed; every problem is listed.
+    #[error("training config validation failed ({} problem(s)):{}", problems.len(), Bullets(problems))]
+    Preflight {
+        /// All problems found.
+        problems: Vec<PreflightProblem>,
+    },
+
+    /// Writing an artifact (a checkpoint file, a PNG, the resolved config) failed.
+    #[error(transparent)]
+    Artifact(#[from] trajectory::TrajectoryError),
+
+    /// A sampling or replay step was refused by the kernel, the solver or the schedule.
+    #[error("sampling step: {0}")]
+    Sde(#[from] sde_math::SdeError),
+
+    /// A trained step index is outside the schedule.
+    #[error("trained step {step} is outside a {steps}-step schedule")]
+    TrainedStepOutOfRange {
+        /// The step index.
+        step: usize,
+        /// The schedule's number of steps.
+        steps: usize,
+    },
+
+    /// A JSON file could not be written or parsed.
+    #[error("{path} is not valid JSON for {what}")]
+    Json {
+        /// The file.
+        path: PathBuf,
+        /// What it should hold.
+        what: &'static str,
+        /// The parser's error.
+        #[source]
+        source: serde_json::Error,
+    },
+
+    /// burn's recorder could not encode or decode a record.
+    #[error("cannot {op} the {what} record {path}")]
+    Record {
+        /// The file.
+        path: PathBuf,
+        /// `encode` or `decode`.
+        op: &'static str,
+        /// `weights` or `optimizer`.
+        what: &'static str,
+        /// burn's error.
+        #[source]
+        source: burn::record::RecorderError,
+    },
+
+    /// A checkpoint directory cannot be trusted or used.
+    #[error("checkpoint {dir}: {problem}")]
+    Checkpoint {
+        /// The checkpoint (or checkpoint root) directory.
+        dir: PathBuf,
+        /// What is wrong.
+        problem: CheckpointProblem,
+    },
+
+    /// The adapter contract recorded in a checkpoint differs from the run's; resuming would
+    /// silently train a different policy.
+    #[error(
+        "checkpoint {dir} was written with a different adapter: {}",
+        Mismatches(mismatches)
+    )]
+    ContractMismatch {
+        /// The checkpoint directory.
+        dir: PathBuf,
+        /// Every field that differs.
+        mismatches: Vec<dit_models::ContractMismatch>,
+    },
+
+    /// The saved trainable parameters do not match the model's.
+    #[error(
+        "weights {path} do not fit the model: missing {missing:?}, unexpected {unexpected:?}, mis-shaped {mismatched:?}"
+    )]
+    WeightsMismatch {
+        /// The weights file.
+        path: PathBuf,
+        /// Trainable parameters of the model absent from the file.
+        missing: Vec<String>,
+        /// Parameters in the file the model does not have as trainable.
+        unexpected: Vec<String>,
+        /// `(path, shape and dtype in the file, shape and dtype in the model)`.
+        mismatched: Vec<(String, String, String)>,
+    },
+
+    /// A module has no trainable parameter, so there is nothing to save or optimise.
+    #[error("the module has no trainable parameter (every parameter is frozen)")]
+    NoTrainableParameters,
+
+    /// A trainable parameter is not stored in the configured master dtype.
+    #[error(
+        "trainable parameter {param} is stored as {found}, but model.master_dtype = {expected} (the optimizer's master copy)"
+    )]
+    MasterDtype {
+        /// The parameter's module path.
+        param: String,
+        /// Its dtype.
+        found: String,
+        /// The configured master dtype.
+        expected: String,
+    },
+
+    /// An advantage computation or the clipped objective failed.
+    #[error(transparent)]
+    FlowGrpo(#[from] flow_grpo::FlowGrpoError),
+
+    /// A PNG could not be encoded.
+    #[error("cannot encode PNG {path}")]
+    Image {
+        /// The file.
+        path: PathBuf,
+        /// The encoder's error.
+        #[source]
+        source: image::ImageError,
+    },
+
+    /// A plot or an image grid was asked for with unusable input.
+    #[error("cannot draw {what}: {problem}")]
+    Drawing {
+        /// `reward curve` or `sample grid`.
+        what: &'static str,
+        /// What is wrong with the input.
+        problem: DrawingProblem,
+    },
+
+    /// A TensorBoard event file is damaged.
+    #[error("event file {path} is damaged at byte {offset}: {problem}")]
+    EventFile {
+        /// The file.
+        path: PathBuf,
+        /// Where the damaged record starts.
+        offset: u64,
+        /// What is wrong.
+        problem: &'static str,
+    },
+
+    /// A metrics JSONL line is not a metrics record.
+    #[error("{path}, line {line}: not a metrics record")]
+    MetricsLine {
+        /// The file.
+        path: PathBuf,
+        /// 1-based line number.
+        line: usize,
+        /// The parser's error.
+        #[source]
+        source: serde_json::Error,
+    },
+
+    /// The Ctrl-C / SIGTERM handler could not be installed.
+    #[error("cannot install the {signal} handler")]
+    Signal {
+        /// The signal.
+        signal: &'static str,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Why a checkpoint cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CheckpointProblem {
+    /// There is no `COMMITTED` marker: the write never finished.
+    NotCommitted,
+    /// A file listed in `COMMITTED` is missing.
+    MissingFile {
+        /// The file name.
+        name: String,
+    },
+    /// A file's length differs from the one `COMMITTED` recorded.
+    SizeMismatch {
+        /// The file name.
+        name: String,
+        /// Recorded length.
+        recorded: u64,
+        /// Length found.
+        found: u64,
+    },
+    /// A file's content hash differs from the one `COMMITTED` recorded.
+    HashMismatch {
+        /// The file name.
+        name: String,
+        /// Recorded hash.
+        recorded: String,
+        /// Hash found.
+        found: String,
+    },
+    /// A format tag this version does not read.
+    Format {
+        /// The file.
+        name: String,
+        /// The tag found.
+        found: String,
+        /// The tag expected.
+        expected: &'static str,
+    },
+    /// The trainer state belongs to another iteration or task than its directory.
+    StateMismatch {
+        /// The field (`iteration`, `task`).
+        field: &'static str,
+        /// Value recorded in the state.
+        recorded: String,
+        /// Value implied by the directory.
+        expected: String,
+    },
+    /// The checkpoint has an adapter contract and the run has none, or the other way round.
+    TrainableModeMismatch {
+        /// Whether the checkpoint records an adapter contract.
+        checkpoint_has_adapter: bool,
+        /// Whether the run expects one.
+        run_has_adapter: bool,
+    },
+    /// A committed checkpoint newer than the one being written exists.
+    NewerCheckpointExists {
+        /// The iteration being written.
+        writing: u64,
+        /// The newer committed iteration.
+        newer: u64,
+    },
+    /// The task name cannot be a directory name.
+    InvalidTask {
+        /// The task given.
+        task: String,
+    },
+}
+
+impl fmt::Display for CheckpointProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CheckpointProblem::NotCommitted => write!(
+                f,
+                "no COMMITTED marker (the write did not finish); resume never trusts it"
+            ),
+            CheckpointProblem::MissingFile { name } => {
+                write!(f, "{name} is listed in COMMITTED but missing")
+            }
+            CheckpointProblem::SizeMismatch {
+                name,
+                recorded,
+                found,
+            } => write!(f, "{name} has {found} bytes, COMMITTED recorded {recorded}"),
+            CheckpointProblem::HashMismatch {
+                name,
+                recorded,
+                found,
+            } => write!(
+                f,
+                "{name} has content hash {found}, COMMITTED recorded {recorded}"
+            ),
+            CheckpointProblem::Format {
+                name,
+                found,
+                expected,
+            } => write!(f, "{name} has format {found:?}, expected {expected:?}"),
+            CheckpointProblem::StateMismatch {
+                field,
+                recorded,
+                expected,
+            } => write!(
+                f,
+                "trainer state records {field} {recorded}, but the directory is for {expected}"
+            ),
+            CheckpointProblem::TrainableModeMismatch {
+                checkpoint_has_adapter,
+                run_has_adapter,
+            } => write!(
+                f,
+                "the checkpoint {} but this run {} (full fine-tune vs LoRA)",
+                if *checkpoint_has_adapter {
+                    "has an adapter contract"
+                } else {
+                    "has no adapter contract"
+                },
+                if *run_has_adapter {
+                    "trains a LoRA adapter"
+                } else {
+                    "trains every parameter"
+                }
+            ),
+            CheckpointProblem::NewerCheckpointExists { writing, newer } => write!(
+                f,
+                "writing iteration {writing} but committed iteration {newer} exists; resume from it or use a fresh \
+                 checkpoint directory (resume would otherwise pick {newer})"
+            ),
+            CheckpointProblem::InvalidTask { task } => write!(
+                f,
+                "task {task:?} cannot name a directory (allowed: non-empty, ASCII letters, digits, `_`, `-`, `.`)"
+            ),
+        }
+    }
+}
+
+/// Why a plot or grid cannot be drawn.
+#[derive(Debug, Clone, PartialEq)]
+pub enum DrawingProblem {
+    /// No series or no tiles.
+    Empty,
+    /// A series has no finite point.
+    NoFinitePoint {
+        /// The series name.
+        series: String,
+    },
+    /// A tile's size differs from the first tile's.
+    TileSize {
+        /// The tile index.
+        index: usize,
+        /// `(width, height)` of the first tile.
+        expected: (u32, u32),
+        /// `(width, height)` of this tile.
+        found: (u32, u32),
+    },
+    /// More captions than tiles, or a zero column count or canvas size.
+    Geometry {
+        /// What is wrong.
+        what: &'static str,
+    },
+}
+
+impl fmt::Display for DrawingProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DrawingProblem::Empty => write!(f, "nothing to draw"),
+            DrawingProblem::NoFinitePoint { series } => {
+                write!(f, "series {series:?} has no finite point")
+            }
+            DrawingProblem::TileSize {
+                index,
+                expected,
+                found,
+            } => write!(
+                f,
+                "tile {index} is {}x{}, the first tile is {}x{}; all tiles must have one size",
+                found.0, found.1, expected.0, expected.1
+            ),
+            DrawingProblem::Geometry { what } => write!(f, "{what}"),
+        }
+    }
+}
+
+struct Bullets<'a, T>(&'a [T]);
+
+impl<T: fmt::Display> fmt::Display for Bullets<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for p in self.0 {
+            write!(f, "\n  - {p}")?;
+        }
+        Ok(())
+    }
+}
+
+struct Mismatches<'a>(&'a [dit_models::ContractMismatch]);
+
+impl fmt::Display for Mismatches<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, m) in self.0.iter().enumerate() {
+            if i > 0 {
+                write!(f, "; ")?;
+            }
+            write!(
+                f,
+                "{} recorded {} but this run has {}",
+                m.field, m.recorded, m.found
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// A `map_err` helper: an IO error on `path` while doing `op`.
+pub(crate) fn io_err(path: &Path, op: &'static str) -> impl FnOnce(std::io::Error) -> TrainerError {
+    let path = path.to_path_buf();
+    move |source| TrainerError::Io { path, op, source }
+}

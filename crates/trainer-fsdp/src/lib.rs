@@ -1,0 +1,67 @@
+//! # trainer-fsdp
+//!
+//! The FlowGRPO training loop's infrastructure, the only crate that composes the lower layers
+//! (`schedule`, `trajectory`, `flow-grpo`, `dit-models`):
+//!
+//! * [`config`]: one typed [`TrainConfig`] (TOML file, named recipes such as seed 002's
+//!   validated Qwen-Image LoRA run [`TrainConfig::qwen_image_t2i_lora`], `key=value`
+//!   [`Override`]s, the resolved config saved into the run directory) and
+//!   [`TrainConfig::preflight`], which reports every violation at once.
+//! * [`lr`]: the learning rate of every optimizer step (warmup, then constant / linear /
+//!   cosine), whose step count round-trips through the checkpoint.
+//! * [`clip`]: gradient clipping by the global norm over all trainable parameters
+//!   (`torch.nn.utils.clip_grad_norm_`), not burn's per-tensor clip.
+//! * [`checkpoint`]: a crash-safe [`CheckpointStore`]: fixed write order ending in `COMMITTED`
+//!   and the latest-iteration marker, rotation, resume that skips uncommitted directories and
+//!   refuses an adapter-contract mismatch.
+//! * [`monitor`]: seed 002's metric [`names`], a JSONL log and TensorBoard event files (the
+//!   TFRecord format written by hand), a reward-curve PNG, sample grids, progress bars.
+//! * [`signal`]: Ctrl-C / SIGTERM as a [`StopFlag`] the loop checks.
+//! * [`train`]: the `advantages` phase and the optimizer-step part of `train_step`
+//!   (micro-batch gradient accumulation, global clip, AdamW at the scheduled rate, skips).
+//!
+//! The rollout, scoring and evaluation phases need the reward crate and live elsewhere.
+//!
+//! ```
+//! use trainer_fsdp::{RecipeName, TrainConfig};
+//! let cfg = TrainConfig::from_recipe(RecipeName::QwenImageT2iLora, &[]).unwrap();
+//! let checked = cfg.preflight().unwrap();
+//! assert_eq!(checked.batch.update_size, 128); // 32 x 8 split into 2 updates
+//! assert_eq!(checked.lr.lr_at_step(0), 3e-4);
+//! ```
+#![deny(missing_docs)]
+
+pub mod checkpoint;
+pub mod clip;
+pub mod config;
+mod error;
+pub mod lr;
+pub mod monitor;
+mod rng;
+pub mod rollout;
+pub mod signal;
+pub mod train;
+
+pub use checkpoint::{
+    CheckpointStore, CommittedCheckpoint, CommittedFile, Resume, Resumed, SavedCheckpoint,
+    TrainerState, WriteHook, WritePhase,
+};
+pub use clip::{CLIP_EPSILON, ClipReport, clip_grad_norm, global_grad_norm};
+pub use config::{
+    AdamWSettings, AdvantageStdMode, BatchGeometry, GENERATION_TASKS, LrSchedulerKind, MasterDtype,
+    Override, OverrideProblem, Preflight, PreflightProblem, PreflightWarning, ProgressMode,
+    RecipeName, SchedulerSource, SdeKind, TrainConfig, Trainable, TrainableMode,
+};
+pub use error::{CheckpointProblem, DrawingProblem, TrainerError};
+pub use lr::{LrDecay, LrSchedule, LrScheduler};
+pub use monitor::{
+    Event, EventWriter, JsonlWriter, Metrics, MetricsCursor, MetricsRecord, Monitor, Progress, Rgb,
+    Series, caption_height, crc32c, masked_crc32c, names, plot_curves, read_events, read_jsonl,
+    sample_grid, series, write_png, write_reward_curve,
+};
+pub use rng::TrainerRng;
+pub use signal::StopFlag;
+pub use train::{
+    AdamWOptimizer, PolicyOptimizer, SkipReason, StepReport, UpdateReport, advantage_metrics,
+    advantages, check_master_dtype, failure_messages, train_step,
+};

@@ -1,0 +1,490 @@
+//! A tiny rasteriser for the run directory's pictures: line plots (the reward curve) and sample
+//! grids, captioned with the 8x8 bitmap font of `font8x8`, saved as PNG through `image`.
+
+use std::path::Path;
+
+use image::codecs::png::PngEncoder;
+use image::{ExtendedColorType, ImageEncoder, RgbImage};
+
+use crate::error::{DrawingProblem, TrainerError};
+
+/// An RGB colour.
+pub type Rgb = [u8; 3];
+
+const WHITE: Rgb = [255, 255, 255];
+const BLACK: Rgb = [0, 0, 0];
+const GRID: Rgb = [225, 225, 225];
+const GLYPH: u32 = 8;
+const LINE: u32 = 10;
+/// Colours of successive series without their own.
+const PALETTE: [Rgb; 6] = [
+    [31, 119, 180],
+    [214, 39, 40],
+    [44, 160, 44],
+    [255, 127, 14],
+    [148, 103, 189],
+    [140, 86, 75],
+];
+
+/// One named line of a plot.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Series {
+    /// The legend entry.
+    pub name: String,
+    /// `(x, y)` points in drawing order; non-finite points are skipped.
+    pub points: Vec<(f64, f64)>,
+    /// The colour; `None` takes the next palette colour.
+    pub color: Option<Rgb>,
+}
+
+impl Series {
+    /// A series with the palette's colour.
+    pub fn new(name: &str, points: Vec<(f64, f64)>) -> Self {
+        Self {
+            name: name.into(),
+            points,
+            color: None,
+        }
+    }
+}
+
+fn put(img: &mut RgbImage, x: i64, y: i64, c: Rgb) {
+    if x >= 0 && y >= 0 && (x as u32) < img.width() && (y as u32) < img.height() {
+        img.put_pixel(x as u32, y as u32, image::Rgb(c));
+    }
+}
+
+fn fill(img: &mut RgbImage, x0: i64, y0: i64, w: i64, h: i64, c: Rgb) {
+    for y in y0..y0 + h {
+        for x in x0..x0 + w {
+            put(img, x, y, c);
+        }
+    }
+}
+
+/// Bresenham, `thick` pixels wide (a square brush).
+fn line(img: &mut RgbImage, (x0, y0): (i64, i64), (x1, y1): (i64, i64), c: Rgb, thick: i64) {
+    let (dx, dy) = ((x1 - x0).abs(), -(y1 - y0).abs());
+    let (sx, sy) = (if x0 < x1 { 1 } else { -1 }, if y0 < y1 { 1 } else { -1 });
+    let (mut x, mut y, mut err) = (x0, y0, dx + dy);
+    let lo = -(thick - 1) / 2;
+    loop {
+        fill(img, x + lo, y + lo, thick, thick, c);
+        if x == x1 && y == y1 {
+            break;
+        }
+        let e2 = 2 * err;
+        if e2 >= dy {
+            err += dy;
+            x += sx;
+        }
+        if e2 <= dx {
+            err += dx;
+            y += sy;
+        }
+    }
+}
+
+/// Draws `text` with its top-left corner at `(x, y)`; characters outside ASCII print as `?`.
+fn text(img: &mut RgbImage, x: i64, y: i64, s: &str, c: Rgb) {
+    for (i, ch) in s.chars().enumerate() {
+        let code = if ch.is_ascii() {
+            ch as usize
+        } else {
+            b'?' as usize
+        };
+        let glyph = font8x8::legacy::BASIC_LEGACY[code];
+        for (row, bits) in glyph.iter().enumerate() {
+            for col in 0..8 {
+                if bits & (1 << col) != 0 {
+                    put(img, x + (i as i64) * GLYPH as i64 + col, y + row as i64, c);
+                }
+            }
+        }
+    }
+}
+
+fn tick_label(v: f64, span: f64) -> String {
+    let decimals = if span >= 100.0 {
+        0
+    } else if span >= 1.0 {
+        2
+    } else {
+        (-(span.log10().floor()) as usize + 2).min(8)
+    };
+    format!("{v:.decimals$}")
+}
+
+/// The mapping from data to pixels of a plot.
+#[derive(Debug, Clone, Copy)]
+struct Frame {
+    left: f64,
+    top: f64,
+    w: f64,
+    h: f64,
+    x0: f64,
+    x1: f64,
+    y0: f64,
+    y1: f64,
+}
+
+impl Frame {
+    fn pixel(&self, x: f64, y: f64) -> (i64, i64) {
+        let px = self.left + (x - self.x0) / (self.x1 - self.x0) * (self.w - 1.0);
+        let py = self.top + (1.0 - (y - self.y0) / (self.y1 - self.y0)) * (self.h - 1.0);
+        (px.round() as i64, py.round() as i64)
+    }
+}
+
+fn padded(lo: f64, hi: f64, pad: f64) -> (f64, f64) {
+    if hi > lo {
+        let p = (hi - lo) * pad;
+        (lo - p, hi + p)
+    } else {
+        let p = if lo == 0.0 { 0.5 } else { lo.abs() * 0.1 };
+        (lo - p, hi + p)
+    }
+}
+
+fn frame(series: &[Series], width: u32, height: u32) -> Result<Frame, TrainerError> {
+    let bad = |problem| TrainerError::Drawing {
+        what: "a plot",
+        problem,
+    };
+    if series.is_empty() {
+        return Err(bad(DrawingProblem::Empty));
+    }
+    if width < 160 || height < 100 {
+        return Err(bad(DrawingProblem::Geometry {
+            what: "the canvas must be at least 160x100 pixels",
+        }));
+    }
+    let (mut xl, mut xh, mut yl, mut yh) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
+    for s in series {
+        let mut any = false;
+        for &(x, y) in &s.points {
+            if x.is_finite() && y.is_finite() {
+                any = true;
+                xl = xl.min(x);
+                xh = xh.max(x);
+                yl = yl.min(y);
+                yh = yh.max(y);
+            }
+        }
+        if !any {
+            return Err(bad(DrawingProblem::NoFinitePoint {
+                series: s.name.clone(),
+            }));
+        }
+    }
+    let (x0, x1) = if xh > xl {
+        (xl, xh)
+    } else {
+        padded(xl, xh, 0.0)
+    };
+    let (y0, y1) = padded(yl, yh, 0.05);
+    let (left, top, right, bottom) = (
+        8.0 + 9.0 * GLYPH as f64,
+        2.0 * LINE as f64,
+        12.0,
+        2.0 * LINE as f64,
+    );
+    Ok(Frame {
+        left,
+        top,
+        w: width as f64 - left - right,
+        h: height as f64 - top - bottom,
+        x0,
+        x1,
+        y0,
+        y1,
+    })
+}
+
+/// Draws the series as lines (with a dot at every point) on a white canvas of
+/// `width x height`, with a title, a light grid, tick labels at the ends and middle of each
+/// axis, and a legend. The y-range is the data's, padded by 5%.
+///
+/// # Errors
+/// [`TrainerError::Drawing`]: no series, a series with no finite point, a canvas smaller than
+/// 160x100.
+///
+/// ```
+/// use trainer_fsdp::{Series, plot_curves};
+/// let img = plot_curves(
+///     &[Series::new("reward/score_mean", vec![(0.0, 0.51), (1.0, 0.62), (2.0, 0.80)])],
+///     "held-out reward",
+///     480,
+///     320,
+/// ).unwrap();
+/// assert_eq!(img.dimensions(), (480, 320));
+/// // the line is drawn in the first palette colour somewhere in the plot
+/// assert!(img.pixels().any(|p| p.0 == [31, 119, 180]));
+/// ```
+pub fn plot_curves(
+    series: &[Series],
+    title: &str,
+    width: u32,
+    height: u32,
+) -> Result<RgbImage, TrainerError> {
+    let f = frame(series, width, height)?;
+    let mut img = RgbImage::from_pixel(width, height, image::Rgb(WHITE));
+    let (l, t) = (f.left as i64, f.top as i64);
+    let (r, b) = (l + f.w as i64 - 1, t + f.h as i64 - 1);
+    // grid and tick labels: ends and middle of each axis
+    for k in 0..=2 {
+        let fy = f.y0 + (f.y1 - f.y0) * k as f64 / 2.0;
+        let (_, py) = f.pixel(f.x0, fy);
+        line(&mut img, (l, py), (r, py), GRID, 1);
+        let label = tick_label(fy, f.y1 - f.y0);
+        text(
+            &mut img,
+            l - 4 - (label.len() as i64) * GLYPH as i64,
+            py - 4,
+            &label,
+            BLACK,
+        );
+        let fx = f.x0 + (f.x1 - f.x0) * k as f64 / 2.0;
+        let (px, _) = f.pixel(fx, f.y0);
+        line(&mut img, (px, t), (px, b), GRID, 1);
+        let label = tick_label(fx, f.x1 - f.x0);
+        let lx = (px - (label.len() as i64) * GLYPH as i64 / 2)
+            .clamp(0, width as i64 - (label.len() as i64) * GLYPH as i64);
+        text(&mut img, lx, b + 4, &label, BLACK);
+    }
+    line(&mut img, (l, t), (l, b), BLACK, 1);
+    line(&mut img, (l, b), (r, b), BLACK, 1);
+    text(&mut img, l, 4, title, BLACK);
+    for (i, s) in series.iter().enumerate() {
+        let c = s.color.unwrap_or(PALETTE[i % PALETTE.len()]);
+        let pts: Vec<(i64, i64)> = s
+            .points
+            .iter()
+            .filter(|(x, y)| x.is_finite() && y.is_finite())
+            .map(|&(x, y)| f.pixel(x, y))
+            .collect();
+        for w in pts.windows(2) {
+            line(&mut img, w[0], w[1], c, 2);
+        }
+        for &(x, y) in &pts {
+            fill(&mut img, x - 1, y - 1, 3, 3, c);
+        }
+        // legend, top-left inside the plot
+        let ly = t + 4 + i as i64 * LINE as i64;
+        fill(&mut img, l + 6, ly + 2, 10, 4, c);
+        text(&mut img, l + 20, ly, &s.name, BLACK);
+    }
+    Ok(img)
+}
+
+const PAD: u32 = 2;
+const CAPTION_LINES: u32 = 2;
+
+/// The height of the caption strip under each tile (0 without captions).
+pub fn caption_height(captioned: bool) -> u32 {
+    if captioned { CAPTION_LINES * LINE } else { 0 }
+}
+
+/// Tiles equally sized RGB images into a grid of `columns` columns (row-major), 2 white pixels
+/// apart, each optionally with a caption of up to two lines under it (wrapped at the tile's
+/// width in 8-pixel characters, cut beyond).
+///
+/// # Errors
+/// [`TrainerError::Drawing`]: no tiles, zero columns, tiles of different sizes, more
+/// captions than tiles.
+///
+/// ```
+/// use image::RgbImage;
+/// use trainer_fsdp::{caption_height, sample_grid};
+/// let red = RgbImage::from_pixel(16, 16, image::Rgb([255, 0, 0]));
+/// let blue = RgbImage::from_pixel(16, 16, image::Rgb([0, 0, 255]));
+/// let grid = sample_grid(&[red.clone(), blue, red], None, 2).unwrap();
+/// // 2 columns x 2 rows of 16 px tiles with 2 px gaps around and between them
+/// assert_eq!(grid.dimensions(), (2 + 2 * 18, 2 + 2 * 18));
+/// assert_eq!(grid.get_pixel(2 + 18, 2).0, [0, 0, 255]);
+/// assert_eq!(caption_height(true), 20);
+/// ```
+pub fn sample_grid(
+    tiles: &[RgbImage],
+    captions: Option<&[String]>,
+    columns: u32,
+) -> Result<RgbImage, TrainerError> {
+    let bad = |problem| TrainerError::Drawing {
+        what: "a sample grid",
+        problem,
+    };
+    let first = tiles.first().ok_or_else(|| bad(DrawingProblem::Empty))?;
+    if columns == 0 {
+        return Err(bad(DrawingProblem::Geometry {
+            what: "zero columns",
+        }));
+    }
+    if captions.is_some_and(|c| c.len() > tiles.len()) {
+        return Err(bad(DrawingProblem::Geometry {
+            what: "more captions than tiles",
+        }));
+    }
+    let (tw, th) = first.dimensions();
+    for (index, t) in tiles.iter().enumerate() {
+        if t.dimensions() != (tw, th) {
+            return Err(bad(DrawingProblem::TileSize {
+                index,
+                expected: (tw, th),
+                found: t.dimensions(),
+            }));
+        }
+    }
+    let cols = columns.min(tiles.len() as u32);
+    let rows = (tiles.len() as u32).div_ceil(cols);
+    let cap = caption_height(captions.is_some());
+    let (cw, ch) = (tw + PAD, th + cap + PAD);
+    let mut img = RgbImage::from_pixel(PAD + cols * cw, PAD + rows * ch, image::Rgb(WHITE));
+    for (i, t) in tiles.iter().enumerate() {
+        let (c, r) = (i as u32 % cols, i as u32 / cols);
+        let (x0, y0) = (PAD + c * cw, PAD + r * ch);
+        image::imageops::replace(&mut img, t, x0 as i64, y0 as i64);
+        if let Some(caption) = captions.and_then(|c| c.get(i)) {
+            let per_line = (tw / GLYPH).max(1) as usize;
+            let chars: Vec<char> = caption.chars().collect();
+            for (k, chunk) in chars
+                .chunks(per_line)
+                .take(CAPTION_LINES as usize)
+                .enumerate()
+            {
+                let s: String = chunk.iter().collect();
+                text(
+                    &mut img,
+                    x0 as i64,
+                    (y0 + th + 1 + k as u32 * LINE) as i64,
+                    &s,
+                    BLACK,
+                );
+            }
+        }
+    }
+    Ok(img)
+}
+
+/// Encodes `img` as PNG and writes it atomically (`.tmp` → fsync → rename).
+///
+/// # Errors
+/// [`TrainerError::Image`], [`TrainerError::Artifact`].
+pub fn write_png(path: &Path, img: &RgbImage) -> Result<(), TrainerError> {
+    let mut bytes = Vec::new();
+    PngEncoder::new(&mut bytes)
+        .write_image(
+            img.as_raw(),
+            img.width(),
+            img.height(),
+            ExtendedColorType::Rgb8,
+        )
+        .map_err(|source| TrainerError::Image {
+            path: path.to_path_buf(),
+            source,
+        })?;
+    trajectory::write_atomic(path, &bytes)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_line_passes_through_its_points() {
+        let s = Series {
+            name: "r".into(),
+            points: vec![(0.0, 0.0), (10.0, 1.0), (f64::NAN, 3.0)],
+            color: Some([200, 0, 200]),
+        };
+        let img = plot_curves(std::slice::from_ref(&s), "t", 400, 300).unwrap();
+        let f = frame(&[s], 400, 300).unwrap();
+        for (x, y) in [(0.0, 0.0), (5.0, 0.5), (10.0, 1.0)] {
+            let (px, py) = f.pixel(x, y);
+            assert_eq!(
+                img.get_pixel(px as u32, py as u32).0,
+                [200, 0, 200],
+                "({x}, {y})"
+            );
+        }
+        // the y range is padded by 5%, so the points stay inside the plot area
+        let (_, top) = f.pixel(10.0, 1.0);
+        assert!(top > f.top as i64);
+        // far from the line there is only background or grid
+        let (px, py) = f.pixel(9.0, 0.1);
+        assert_ne!(img.get_pixel(px as u32, py as u32).0, [200, 0, 200]);
+    }
+
+    #[test]
+    fn constant_and_single_point_series_draw() {
+        let img = plot_curves(&[Series::new("flat", vec![(3.0, 0.7)])], "t", 200, 120).unwrap();
+        assert!(img.pixels().any(|p| p.0 == PALETTE[0]));
+    }
+
+    #[test]
+    fn bad_input_is_refused() {
+        assert!(plot_curves(&[], "t", 400, 300).is_err());
+        let nan = Series::new("nan", vec![(f64::NAN, 1.0)]);
+        let err = plot_curves(&[nan], "t", 400, 300).unwrap_err();
+        assert!(
+            err.to_string().contains("\"nan\" has no finite point"),
+            "{err}"
+        );
+        let ok = Series::new("ok", vec![(0.0, 1.0)]);
+        assert!(plot_curves(&[ok], "t", 50, 50).is_err());
+    }
+
+    #[test]
+    fn text_uses_the_bitmap_font() {
+        let mut img = RgbImage::from_pixel(16, 8, image::Rgb(WHITE));
+        text(&mut img, 0, 0, "I", BLACK);
+        // font8x8 'I' (0x49): rows 1E 0C 0C 0C 0C 0C 1E 00, bit 0 = leftmost pixel
+        let row0: Vec<bool> = (0..8).map(|x| img.get_pixel(x, 0).0 == BLACK).collect();
+        assert_eq!(
+            row0,
+            vec![false, true, true, true, true, false, false, false]
+        );
+        assert!((0..16).all(|x| img.get_pixel(x, 7).0 == WHITE));
+    }
+
+    #[test]
+    fn grid_places_tiles_and_captions() {
+        let tiles: Vec<RgbImage> = (0..5u8)
+            .map(|i| RgbImage::from_pixel(24, 12, image::Rgb([i * 40, 100, 0])))
+            .collect();
+        let captions: Vec<String> = (0..5).map(|i| format!("prompt {i} is long")).collect();
+        let img = sample_grid(&tiles, Some(&captions), 3).unwrap();
+        let cap = caption_height(true);
+        assert_eq!(img.dimensions(), (2 + 3 * 26, 2 + 2 * (12 + cap + 2)));
+        for (i, t) in tiles.iter().enumerate() {
+            let (c, r) = (i as u32 % 3, i as u32 / 3);
+            let (x, y) = (2 + c * 26, 2 + r * (14 + cap));
+            assert_eq!(img.get_pixel(x, y), t.get_pixel(0, 0));
+            assert_eq!(img.get_pixel(x + 23, y + 11), t.get_pixel(0, 0));
+            // the caption strip under the tile has some ink
+            let ink = (0..24)
+                .flat_map(|dx| (0..cap).map(move |dy| (dx, dy)))
+                .any(|(dx, dy)| img.get_pixel(x + dx, y + 12 + dy).0 == BLACK);
+            assert!(ink, "caption of tile {i}");
+        }
+        // the sixth cell is empty
+        assert_eq!(img.get_pixel(2 + 2 * 26 + 5, 2 + 14 + cap + 5).0, WHITE);
+    }
+
+    #[test]
+    fn grid_refuses_mixed_sizes_and_round_trips_png() {
+        let a = RgbImage::from_pixel(4, 4, image::Rgb([1, 2, 3]));
+        let b = RgbImage::from_pixel(5, 4, image::Rgb([1, 2, 3]));
+        let err = sample_grid(&[a.clone(), b], None, 2).unwrap_err();
+        assert!(err.to_string().contains("tile 1 is 5x4"), "{err}");
+        assert!(sample_grid(&[], None, 2).is_err());
+        assert!(sample_grid(std::slice::from_ref(&a), None, 0).is_err());
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("grid.png");
+        let img = sample_grid(&[a.clone(), a], None, 2).unwrap();
+        write_png(&path, &img).unwrap();
+        let back = image::open(&path).unwrap().to_rgb8();
+        assert_eq!(back, img);
+    }
+}

@@ -1,0 +1,198 @@
+//! Monitoring (seed 002, "Monitoring"): the metric names, a JSONL log and TensorBoard event
+//! files written side by side, a reward-curve PNG, sample grids, and progress bars.
+//!
+//! Both metric files are append-only. Their byte lengths at a checkpoint are the
+//! [`MetricsCursor`] saved in the trainer state; a resumed run truncates both files back to it,
+//! so the records of rollouts that are about to be recomputed appear once, not twice.
+
+mod draw;
+mod jsonl;
+pub mod names;
+mod progress;
+mod tensorboard;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::TrainerError;
+
+pub use draw::{Rgb, Series, caption_height, plot_curves, sample_grid, write_png};
+pub use jsonl::{JsonlWriter, MetricsRecord, read_jsonl, series};
+pub use progress::Progress;
+pub use tensorboard::{
+    EVENTS_FILE, Event, EventWriter, crc32c, encode_event, masked_crc32c, read_events,
+};
+
+/// The metric files' lengths when a checkpoint was taken.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MetricsCursor {
+    /// Bytes of `metrics.jsonl`.
+    pub jsonl_bytes: u64,
+    /// Bytes of the TensorBoard event file.
+    pub events_bytes: u64,
+}
+
+/// The metrics of one step: name → value. Names are the seed's ([`names`]).
+pub type Metrics = BTreeMap<String, f64>;
+
+/// The JSONL file inside the run directory.
+pub const JSONL_FILE: &str = "metrics.jsonl";
+
+/// Seconds since the Unix epoch, as TensorBoard's `wall_time`.
+pub fn wall_time() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// The reward-curve PNG of the run directory.
+pub const REWARD_CURVE_FILE: &str = "reward_curve.png";
+
+/// Plots the metrics `names` from a JSONL metrics file (x: the logged step) and writes the PNG
+/// atomically, e.g. the held-out reward and the training reward per rollout. Metrics with no
+/// point yet are left out; at least one must have one.
+///
+/// # Errors
+/// [`TrainerError::Io`] / [`TrainerError::MetricsLine`] reading, [`TrainerError::Drawing`]
+/// when no metric has a point, PNG and write errors.
+///
+/// ```
+/// use trainer_fsdp::{Metrics, Monitor, write_reward_curve};
+/// let dir = tempfile::tempdir().unwrap();
+/// let mut m = Monitor::open(dir.path(), None, true, false).unwrap();
+/// for step in 0..3 {
+///     m.log(step, &Metrics::from([("reward/score_mean".to_string(), 0.5 + 0.1 * step as f64)])).unwrap();
+/// }
+/// let png = dir.path().join("reward_curve.png");
+/// write_reward_curve(&m.jsonl_path().unwrap(), &["reward/score_mean", "eval/reward"], &png, "reward").unwrap();
+/// assert_eq!(image::open(&png).unwrap().width(), 640);
+/// ```
+pub fn write_reward_curve(
+    jsonl: &Path,
+    names: &[&str],
+    png: &Path,
+    title: &str,
+) -> Result<(), TrainerError> {
+    let records = read_jsonl(jsonl)?;
+    let curves: Vec<Series> = names
+        .iter()
+        .map(|n| {
+            Series::new(
+                n,
+                series(&records, n)
+                    .into_iter()
+                    .map(|(x, y)| (x as f64, y))
+                    .collect(),
+            )
+        })
+        .filter(|s| !s.points.is_empty())
+        .collect();
+    let img = plot_curves(&curves, title, 640, 400)?;
+    write_png(png, &img)
+}
+
+/// The JSONL log and the TensorBoard event file of one run directory.
+///
+/// ```
+/// use trainer_fsdp::{Metrics, Monitor, names};
+/// let dir = tempfile::tempdir().unwrap();
+/// let mut m = Monitor::open(dir.path(), None, true, true).unwrap();
+/// m.log(1, &Metrics::from([(names::TRAIN_LOSS.to_string(), 0.5)])).unwrap();
+/// let cursor = m.cursor();
+/// m.log(2, &Metrics::from([(names::TRAIN_LOSS.to_string(), 0.25)])).unwrap();
+/// drop(m);
+/// // resuming from the cursor forgets step 2, which the resumed run will log again
+/// let m = Monitor::open(dir.path(), Some(cursor), true, true).unwrap();
+/// let records = trainer_fsdp::read_jsonl(&m.jsonl_path().unwrap()).unwrap();
+/// assert_eq!(records.len(), 1);
+/// assert_eq!(records[0].step, 1);
+/// ```
+#[derive(Debug)]
+pub struct Monitor {
+    dir: PathBuf,
+    jsonl: Option<JsonlWriter>,
+    events: Option<EventWriter>,
+}
+
+impl Monitor {
+    /// Opens (creating) the metric files in `dir`; with a `cursor`, truncates them back to it.
+    ///
+    /// # Errors
+    /// [`TrainerError::Io`].
+    pub fn open(
+        dir: &Path,
+        cursor: Option<MetricsCursor>,
+        jsonl: bool,
+        tensorboard: bool,
+    ) -> Result<Self, TrainerError> {
+        let cursor = cursor.unwrap_or_default();
+        let jsonl = if jsonl {
+            Some(JsonlWriter::open(
+                &dir.join(JSONL_FILE),
+                cursor.jsonl_bytes,
+            )?)
+        } else {
+            None
+        };
+        let events = if tensorboard {
+            Some(EventWriter::open(
+                &dir.join(EVENTS_FILE),
+                cursor.events_bytes,
+                wall_time(),
+            )?)
+        } else {
+            None
+        };
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            jsonl,
+            events,
+        })
+    }
+
+    /// The run directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The JSONL file, when written.
+    pub fn jsonl_path(&self) -> Option<PathBuf> {
+        self.jsonl.as_ref().map(|j| j.path().to_path_buf())
+    }
+
+    /// The event file, when written.
+    pub fn events_path(&self) -> Option<PathBuf> {
+        self.events.as_ref().map(|e| e.path().to_path_buf())
+    }
+
+    /// Appends one step's metrics to both files (flushed). Non-finite values are written as
+    /// JSON `null` and as TensorBoard's NaN/inf floats.
+    ///
+    /// # Errors
+    /// [`TrainerError::Io`].
+    pub fn log(&mut self, step: u64, metrics: &Metrics) -> Result<(), TrainerError> {
+        let t = wall_time();
+        if let Some(j) = &mut self.jsonl {
+            j.append(&MetricsRecord {
+                step,
+                wall_time: t,
+                metrics: metrics.iter().map(|(k, v)| (k.clone(), Some(*v))).collect(),
+            })?;
+        }
+        if let Some(e) = &mut self.events {
+            e.write_scalars(step, t, metrics.iter().map(|(k, v)| (k.as_str(), *v)))?;
+        }
+        Ok(())
+    }
+
+    /// Where both files end now (save it in the trainer state with a checkpoint).
+    pub fn cursor(&self) -> MetricsCursor {
+        MetricsCursor {
+            jsonl_bytes: self.jsonl.as_ref().map_or(0, JsonlWriter::len),
+            events_bytes: self.events.as_ref().map_or(0, EventWriter::len),
+        }
+    }
+}

@@ -1,0 +1,69 @@
+//! The metric names of seed 002, "Monitoring" (all series share the rollout/step x-axis).
+
+/// The FlowGRPO clipped loss.
+pub const TRAIN_LOSS: &str = "train/loss";
+/// Mean importance ratio.
+pub const TRAIN_RATIO_MEAN: &str = "train/ratio_mean";
+/// Std of the importance ratio.
+pub const TRAIN_RATIO_STD: &str = "train/ratio_std";
+/// Smallest importance ratio.
+pub const TRAIN_RATIO_MIN: &str = "train/ratio_min";
+/// Largest importance ratio.
+pub const TRAIN_RATIO_MAX: &str = "train/ratio_max";
+/// Fraction of (sample, step) elements outside the clip band.
+pub const TRAIN_CLIP_FRACTION: &str = "train/clip_fraction";
+/// Approximate KL between pi_old and the current policy.
+pub const TRAIN_APPROX_KL: &str = "train/approx_kl";
+/// Global gradient norm before clipping.
+pub const TRAIN_GRAD_NORM: &str = "train/grad_norm";
+/// Learning rate of the step.
+pub const TRAIN_LR: &str = "train/lr";
+/// Optimizer steps taken.
+pub const TRAIN_OPTIMIZER_STEPS: &str = "train/optimizer_steps";
+/// Optimizer steps skipped (degenerate advantages, non-finite gradients).
+pub const TRAIN_OPTIMIZER_SKIPS: &str = "train/optimizer_skips";
+/// Micro-batches of the round.
+pub const TRAIN_NUM_MICROBATCHES: &str = "train/num_microbatches";
+/// The policy version after the round.
+pub const TRAIN_POLICY_VERSION: &str = "train/policy_version";
+/// Checkpoint writes that failed (non-fatal).
+pub const TRAIN_CHECKPOINT_FAILURES: &str = "train/checkpoint_failures";
+/// Mean of the combined advantage.
+pub const REWARD_ADVANTAGE_MEAN: &str = "reward/advantage_mean";
+/// Std of the combined advantage.
+pub const REWARD_ADVANTAGE_STD: &str = "reward/advantage_std";
+/// Prompt groups scored.
+pub const REWARD_NUM_GROUPS: &str = "reward/num_groups";
+/// Mean per-group reward std: the key diagnostic.
+pub const REWARD_GROUP_STD_MEAN: &str = "reward/group_std_mean";
+/// 1 when the advantage variance collapsed below the threshold.
+pub const REWARD_DEGENERATE: &str = "reward/degenerate";
+/// Groups that failed (a required component missing or non-finite).
+pub const REWARD_FAILED_GROUPS: &str = "reward/failed_groups";
+/// Seconds spent in the scorer alone.
+pub const REWARD_SCORE_TIME: &str = "reward/score_time";
+/// Scorer throughput.
+pub const REWARD_SCORE_SAMPLES_PER_S: &str = "reward/score_samples_per_s";
+/// Replayed transitions per second (one transition = one replayed SDE step of one candidate).
+pub const PERF_TRAIN_TRANSITIONS_PER_S: &str = "perf/train_transitions_per_s";
+/// Trained candidates per second.
+pub const PERF_TRAIN_SAMPLES_PER_S: &str = "perf/train_samples_per_s";
+
+/// `reward/<component>_<stat>`, e.g. `reward/pickscore_mean`.
+///
+/// ```
+/// assert_eq!(trainer_fsdp::names::reward_component("pickscore", "mean"), "reward/pickscore_mean");
+/// ```
+pub fn reward_component(component: &str, stat: &str) -> String {
+    format!("reward/{component}_{stat}")
+}
+
+/// `perf/<phase>_time`, seconds spent in a phase (`rollout`, `reward`, `train`, `checkpoint`,
+/// `eval`).
+///
+/// ```
+/// assert_eq!(trainer_fsdp::names::phase_time("rollout"), "perf/rollout_time");
+/// ```
+pub fn phase_time(phase: &str) -> String {
+    format!("perf/{phase}_time")
+}

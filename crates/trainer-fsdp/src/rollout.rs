@@ -1,0 +1,121 @@
+//! The `rollout` phase's sampler: one batch of candidates from `x_T` to `x_0` with the
+//! stochastic kernel on the resolved trained steps and a deterministic solver elsewhere,
+//! keeping exactly what a replay of the trained steps needs.
+//!
+//! The latent that enters a trained step is rounded to the storage precision *before* the
+//! model sees it, so the stored trajectory is bit for bit what the sampler fed the model; the
+//! latent after a trained step comes out of `sde_math::Kernel::sample` already rounded. A
+//! replay of the stored steps under the same weights therefore reproduces the rollout's
+//! log-probs exactly (ratio 1 on the first update).
+//!
+//! Evaluation uses the same function with no trained steps: a deterministic ODE sample.
+
+use burn::tensor::backend::Backend;
+use burn::tensor::{Tensor, TensorData};
+use dit_models::VelocityModel;
+use schedule::SdeSteps;
+use sde_math::solvers::{OdeSolver, SolverState};
+use sde_math::{Kernel, StepSigmas, StorageDtype};
+
+use crate::error::TrainerError;
+
+/// How a batch is sampled: the schedule, the stochastic kernel of the trained steps, the
+/// deterministic solver of the others and the trajectory's storage precision.
+#[derive(Debug, Clone)]
+pub struct SamplerSpec {
+    /// `steps + 1` sigmas ending at 0 (`schedule::Sigmas::as_slice`).
+    pub sigmas: Vec<f32>,
+    /// The kernel of the trained (stochastic) steps.
+    pub kernel: Kernel,
+    /// The solver of the other steps.
+    pub solver: OdeSolver,
+    /// The precision the trajectory stores latents at.
+    pub storage: StorageDtype,
+}
+
+/// What a rollout of one batch returns.
+#[derive(Debug, Clone)]
+pub struct BatchRollout<B: Backend> {
+    /// `x_0`, `[batch, tokens, channels]`.
+    pub final_latents: Tensor<B, 3>,
+    /// The stored latents, one `[batch, tokens, channels]` tensor per schedule index in
+    /// `latent_steps` order (`{k, k + 1 : k trained}`, sorted), each at the storage precision.
+    pub latents: Vec<Tensor<B, 3>>,
+    /// The schedule indices of `latents`.
+    pub latent_steps: Vec<usize>,
+    /// The sampler's log-prob of every trained step, `[batch]` each, in step order.
+    pub log_probs: Vec<Tensor<B, 1>>,
+}
+
+/// The schedule indices whose latents a replay of `trained` needs: `{k, k + 1}`, sorted.
+pub fn latent_steps(trained: &[usize]) -> Vec<usize> {
+    let mut v: Vec<usize> = trained.iter().flat_map(|&k| [k, k + 1]).collect();
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+/// Samples one batch from `x_t` (at `sigmas[0]`) to `x_0`.
+///
+/// `noise(step)` returns the standard-normal noise of a trained step, `[batch, tokens,
+/// channels]` (request-local per-sample generators make the whole rollout reproducible). The
+/// model is called once per step with the batch's conditioning.
+///
+/// # Errors
+/// A trained step outside the schedule, kernel errors (e.g. a Flow-SDE step at `sigma = 1`),
+/// solver errors, and the errors of `noise`.
+pub fn sample_batch<B, M, F>(
+    model: &M,
+    cond: &M::Conditioning,
+    x_t: Tensor<B, 3>,
+    spec: &SamplerSpec,
+    trained: &SdeSteps,
+    mut noise: F,
+) -> Result<BatchRollout<B>, TrainerError>
+where
+    B: Backend,
+    M: VelocityModel<B>,
+    F: FnMut(usize) -> Result<Tensor<B, 3>, TrainerError>,
+{
+    let steps = spec.sigmas.len() - 1;
+    if let Some(&bad) = trained.as_slice().iter().find(|&&k| k >= steps) {
+        return Err(TrainerError::TrainedStepOutOfRange { step: bad, steps });
+    }
+    let keep = latent_steps(trained.as_slice());
+    let batch = x_t.dims()[0];
+    let device = x_t.device();
+    let mut x = x_t;
+    let mut state = SolverState::new();
+    let mut latents: Vec<(usize, Tensor<B, 3>)> = Vec::with_capacity(keep.len());
+    let mut log_probs = Vec::with_capacity(trained.len());
+    for i in 0..steps {
+        let sigma = spec.sigmas[i];
+        let sigma_t =
+            Tensor::<B, 1>::from_data(TensorData::new(vec![sigma; batch], [batch]), &device);
+        if trained.contains(i) {
+            x = spec.storage.round_trip(x);
+            // consecutive trained steps share a latent: store x_i unless it is x_{k+1} of the
+            // previous trained step, already stored
+            if latents.last().is_none_or(|(k, _)| *k != i) {
+                latents.push((i, x.clone()));
+            }
+            let v = model.velocity(x.clone(), sigma_t, cond);
+            let at = StepSigmas::from_schedule(&spec.sigmas, i)?.into();
+            let out = spec.kernel.sample(&at, v, x, noise(i)?, spec.storage)?;
+            log_probs.push(out.log_prob);
+            x = out.prev_sample;
+            latents.push((i + 1, x.clone()));
+        } else {
+            let v = model.velocity(x.clone(), sigma_t, cond);
+            x = spec.solver.step(&mut state, &spec.sigmas, i, v, x)?;
+        }
+    }
+    let (latent_steps, latents): (Vec<usize>, Vec<Tensor<B, 3>>) = latents.into_iter().unzip();
+    debug_assert_eq!(latent_steps, keep);
+    Ok(BatchRollout {
+        final_latents: x,
+        latents,
+        latent_steps,
+        log_probs,
+    })
+}

@@ -1,0 +1,539 @@
+//! The trainer's phases that do not need a model family or a scorer: `advantages` (flow-grpo's
+//! group-relative advantages plus their metrics) and the optimizer-step part of `train_step`.
+//!
+//! One update of the plan runs as
+//!
+//! ```text
+//! for each micro-batch mb of the update:          (skipped entirely on degenerate advantages)
+//!     L_mb = loss_fn(model, mb)                   the clipped objective of mb, mean-reduced
+//!     grads += d(w_mb * L_mb)/dparams             w_mb = |mb| / |update|: grads of the mean
+//! clip grads by their global norm (clip_grad)     non-finite norm: skip the step
+//! AdamW step at lr_at_step(lr_scheduler_steps)    then count the step, bump the policy version
+//! ```
+//!
+//! `rollout`, `score` and `evaluate` are built on the reward crate and a model family and are
+//! not part of this module.
+
+use std::marker::PhantomData;
+use std::ops::Range;
+use std::time::Instant;
+
+use burn::module::{AutodiffModule, ModuleVisitor, Param};
+use burn::optim::adaptor::OptimizerAdaptor;
+use burn::optim::{AdamW, GradientsAccumulator, GradientsParams, Optimizer};
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{DType, ElementConversion, Tensor};
+use flow_grpo::{
+    AdvantageConfig, Advantages, ClipLoss, PlannedUpdate, PromptStatTracker, RewardGroup,
+    compute_advantages,
+};
+
+use crate::checkpoint::TrainerState;
+use crate::clip::{ClipReport, clip_grad_norm};
+use crate::config::{AdamWSettings, MasterDtype};
+use crate::error::TrainerError;
+use crate::lr::{LrSchedule, LrScheduler};
+use crate::monitor::{Metrics, names};
+
+/// Group-relative advantages of one scored rollout (flow-grpo's [`compute_advantages`]).
+///
+/// A group whose required component is missing or non-finite (a scorer that returned NaN)
+/// fails alone: its samples get advantage 0 and do not train, the others go on;
+/// [`failure_messages`] says which and why, and [`advantage_metrics`] counts them.
+///
+/// # Errors
+/// [`TrainerError::FlowGrpo`] for an invalid configuration or an empty batch.
+pub fn advantages(
+    config: &AdvantageConfig,
+    groups: &[RewardGroup],
+    tracker: Option<&mut PromptStatTracker>,
+) -> Result<Advantages, TrainerError> {
+    Ok(compute_advantages(config, groups, tracker)?)
+}
+
+/// One line per failed group, for the log.
+pub fn failure_messages(adv: &Advantages) -> Vec<String> {
+    adv.failures()
+        .into_iter()
+        .map(|e| format!("reward group failed and is not trained: {e}"))
+        .collect()
+}
+
+/// The `reward/*` metrics of seed 002 for one batch: per component
+/// `reward/<c>_{mean,std,min,max,group_std_mean}`, `reward/advantage_{mean,std}`,
+/// `reward/num_groups`, `reward/group_std_mean` (the mean over components of the per-group
+/// reward std), `reward/degenerate`, `reward/failed_groups`.
+///
+/// ```
+/// use std::collections::BTreeMap;
+/// use flow_grpo::{AdvantageConfig, RewardComponent, RewardGroup, StdMode};
+/// use trainer_fsdp::{advantage_metrics, advantages, names};
+/// let cfg = AdvantageConfig::flow_grpo(StdMode::Group, vec![RewardComponent::required("score", 1.0)]).unwrap();
+/// let g = |a: f64, b: f64| RewardGroup {
+///     prompt_key: "p".into(),
+///     samples: vec![BTreeMap::from([("score".into(), a)]), BTreeMap::from([("score".into(), b)])],
+/// };
+/// let adv = advantages(&cfg, &[g(0.0, 1.0), g(2.0, f64::NAN)], None).unwrap();
+/// let m = advantage_metrics(&adv);
+/// assert_eq!(m[names::REWARD_NUM_GROUPS], 2.0);
+/// assert_eq!(m[names::REWARD_FAILED_GROUPS], 1.0);
+/// assert_eq!(m["reward/score_mean"], 0.5); // over the groups that did not fail
+/// assert_eq!(m[names::REWARD_GROUP_STD_MEAN], 0.5);
+/// ```
+pub fn advantage_metrics(adv: &Advantages) -> Metrics {
+    let mut m = Metrics::new();
+    for (name, s) in &adv.components {
+        m.insert(names::reward_component(name, "mean"), s.mean);
+        m.insert(names::reward_component(name, "std"), s.std);
+        m.insert(names::reward_component(name, "min"), s.min);
+        m.insert(names::reward_component(name, "max"), s.max);
+        m.insert(
+            names::reward_component(name, "group_std_mean"),
+            s.group_std_mean,
+        );
+    }
+    if !adv.components.is_empty() {
+        let gsm = adv
+            .components
+            .values()
+            .map(|s| s.group_std_mean)
+            .sum::<f64>()
+            / adv.components.len() as f64;
+        m.insert(names::REWARD_GROUP_STD_MEAN.into(), gsm);
+    }
+    m.insert(names::REWARD_ADVANTAGE_MEAN.into(), adv.mean);
+    m.insert(names::REWARD_ADVANTAGE_STD.into(), adv.std);
+    m.insert(names::REWARD_NUM_GROUPS.into(), adv.groups.len() as f64);
+    m.insert(
+        names::REWARD_DEGENERATE.into(),
+        f64::from(u8::from(adv.degenerate)),
+    );
+    m.insert(
+        names::REWARD_FAILED_GROUPS.into(),
+        adv.failures().len() as f64,
+    );
+    m
+}
+
+/// Why an optimizer step was not taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SkipReason {
+    /// The advantages' variance collapsed (`reward/degenerate`): nothing to learn from.
+    DegenerateAdvantages,
+    /// The global gradient norm is NaN or infinite.
+    NonFiniteGradNorm,
+    /// No trainable parameter received a gradient.
+    NoGradient,
+}
+
+/// The outcome of one [`PolicyOptimizer::step`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepReport {
+    /// The learning rate used (or that would have been used, when skipped).
+    pub lr: f64,
+    /// The clipping (absent when skipped before computing gradients' norm).
+    pub clip: Option<ClipReport>,
+    /// Why the step was skipped, if it was.
+    pub skipped: Option<SkipReason>,
+}
+
+/// Checks that every trainable parameter is stored in `master`.
+struct MasterCheck {
+    stack: Vec<String>,
+    expected: DType,
+    bad: Option<(String, DType)>,
+}
+
+impl<B: AutodiffBackend> ModuleVisitor<B> for MasterCheck {
+    fn enter_module(&mut self, name: &str, _container: &str) {
+        self.stack.push(name.to_string());
+    }
+    fn exit_module(&mut self, _name: &str, _container: &str) {
+        self.stack.pop();
+    }
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        if self.bad.is_none() && param.is_require_grad() {
+            let dtype = param.val().dtype();
+            if dtype != self.expected {
+                self.bad = Some((self.stack.join("."), dtype));
+            }
+        }
+    }
+}
+
+/// Checks that `model`'s trainable parameters are stored as `master` (the optimizer's master
+/// copy; e.g. fp32 adapters under LoRA).
+///
+/// # Errors
+/// [`TrainerError::MasterDtype`] naming the first parameter that is not.
+pub fn check_master_dtype<B: AutodiffBackend, M: AutodiffModule<B>>(
+    model: &M,
+    master: MasterDtype,
+) -> Result<(), TrainerError> {
+    let expected = match master {
+        MasterDtype::Fp32 => DType::F32,
+        MasterDtype::Bf16 => DType::BF16,
+    };
+    let mut v = MasterCheck {
+        stack: Vec::new(),
+        expected,
+        bad: None,
+    };
+    model.visit(&mut v);
+    match v.bad {
+        None => Ok(()),
+        Some((param, found)) => Err(TrainerError::MasterDtype {
+            param,
+            found: format!("{found:?}"),
+            expected: format!("{master:?}"),
+        }),
+    }
+}
+
+/// The optimizer of the policy with everything around its step: the learning-rate schedule
+/// (counted in optimizer steps), global-norm clipping, the master-dtype check, skips, and the
+/// counters that go into the checkpoint.
+pub struct PolicyOptimizer<B, M, O>
+where
+    B: AutodiffBackend,
+    M: AutodiffModule<B>,
+    O: Optimizer<M, B>,
+{
+    optimizer: O,
+    scheduler: LrScheduler,
+    clip_grad: f64,
+    master: Option<MasterDtype>,
+    policy_version: u64,
+    optimizer_steps: u64,
+    optimizer_skips: u64,
+    _m: PhantomData<(B, M)>,
+}
+
+/// burn's AdamW wrapped for a module `M`.
+pub type AdamWOptimizer<B, M> = OptimizerAdaptor<AdamW, M, B>;
+
+impl<B, M> PolicyOptimizer<B, M, AdamWOptimizer<B, M>>
+where
+    B: AutodiffBackend,
+    M: AutodiffModule<B>,
+{
+    /// AdamW (no built-in clipping: the global clip runs before it) with the schedule, at
+    /// step 0.
+    pub fn adamw(
+        settings: &AdamWSettings,
+        schedule: LrSchedule,
+        clip_grad: f64,
+        master: Option<MasterDtype>,
+    ) -> Self {
+        Self::new(
+            settings.adamw_config().init::<B, M>(),
+            LrScheduler::new(schedule),
+            clip_grad,
+            master,
+        )
+    }
+}
+
+impl<B, M, O> PolicyOptimizer<B, M, O>
+where
+    B: AutodiffBackend,
+    M: AutodiffModule<B>,
+    O: Optimizer<M, B>,
+{
+    /// Wraps any burn optimizer.
+    ///
+    /// # Panics
+    /// When `clip_grad` is not finite and positive (preflight rejects that).
+    pub fn new(
+        optimizer: O,
+        scheduler: LrScheduler,
+        clip_grad: f64,
+        master: Option<MasterDtype>,
+    ) -> Self {
+        assert!(
+            clip_grad.is_finite() && clip_grad > 0.0,
+            "clip_grad = {clip_grad}; expected a finite value > 0"
+        );
+        Self {
+            optimizer,
+            scheduler,
+            clip_grad,
+            master,
+            policy_version: 0,
+            optimizer_steps: 0,
+            optimizer_skips: 0,
+            _m: PhantomData,
+        }
+    }
+
+    /// Restores the counters of a checkpoint's trainer state (the optimizer's own record is
+    /// loaded by the checkpoint store): lr-scheduler steps, policy version, step and skip
+    /// counts.
+    pub fn restore(&mut self, state: &TrainerState) {
+        self.scheduler = LrScheduler::resume(*self.scheduler.schedule(), state.lr_scheduler_steps);
+        self.policy_version = state.policy_version;
+        self.optimizer_steps = state.optimizer_steps;
+        self.optimizer_skips = state.optimizer_skips;
+    }
+
+    /// Writes the counters into a trainer state for a checkpoint.
+    pub fn record_into(&self, state: &mut TrainerState) {
+        state.lr_scheduler_steps = self.scheduler.steps();
+        state.policy_version = self.policy_version;
+        state.optimizer_steps = self.optimizer_steps;
+        state.optimizer_skips = self.optimizer_skips;
+    }
+
+    /// The wrapped optimizer (to save its record).
+    pub fn optimizer(&self) -> &O {
+        &self.optimizer
+    }
+
+    /// Replaces the wrapped optimizer (after loading its record).
+    pub fn set_optimizer(&mut self, optimizer: O) {
+        self.optimizer = optimizer;
+    }
+
+    /// The learning-rate scheduler.
+    pub fn lr_scheduler(&self) -> &LrScheduler {
+        &self.scheduler
+    }
+
+    /// Optimizer steps that changed the weights.
+    pub fn policy_version(&self) -> u64 {
+        self.policy_version
+    }
+
+    /// Optimizer steps taken.
+    pub fn optimizer_steps(&self) -> u64 {
+        self.optimizer_steps
+    }
+
+    /// Optimizer steps skipped.
+    pub fn optimizer_skips(&self) -> u64 {
+        self.optimizer_skips
+    }
+
+    fn skip(&mut self, model: M, reason: SkipReason, clip: Option<ClipReport>) -> (M, StepReport) {
+        self.optimizer_skips += 1;
+        (
+            model,
+            StepReport {
+                lr: self.scheduler.current_lr(),
+                clip,
+                skipped: Some(reason),
+            },
+        )
+    }
+
+    /// One optimizer step with `grads` (the gradients of the update's mean loss): master-dtype
+    /// check, global-norm clip, step at the scheduled rate, counters. `skip` (degenerate
+    /// advantages) skips it without touching the weights; so do a non-finite norm and
+    /// gradients that reach no parameter. A skipped step does not advance the schedule.
+    ///
+    /// # Errors
+    /// [`TrainerError::MasterDtype`].
+    pub fn step(
+        &mut self,
+        model: M,
+        mut grads: GradientsParams,
+        skip: Option<SkipReason>,
+    ) -> Result<(M, StepReport), TrainerError> {
+        if let Some(master) = self.master {
+            check_master_dtype::<B, M>(&model, master)?;
+        }
+        if let Some(reason) = skip {
+            return Ok(self.skip(model, reason, None));
+        }
+        let clip = clip_grad_norm::<B, M>(&model, &mut grads, self.clip_grad);
+        if !clip.is_finite() {
+            return Ok(self.skip(model, SkipReason::NonFiniteGradNorm, Some(clip)));
+        }
+        if clip.tensors == 0 {
+            return Ok(self.skip(model, SkipReason::NoGradient, Some(clip)));
+        }
+        let lr = self.scheduler.current_lr();
+        let model = self.optimizer.step(lr, model, grads);
+        self.scheduler.advance();
+        self.optimizer_steps += 1;
+        self.policy_version += 1;
+        Ok((
+            model,
+            StepReport {
+                lr,
+                clip: Some(clip),
+                skipped: None,
+            },
+        ))
+    }
+}
+
+/// What one update of the plan did (the `train/*` metrics of seed 002).
+#[derive(Debug, Clone, PartialEq)]
+pub struct UpdateReport {
+    /// The update's index in the plan (0: the on-policy one, ratio exactly 1).
+    pub update_index: usize,
+    /// The update's mean clipped loss (`NaN` when skipped before any forward).
+    pub loss: f64,
+    /// Mean importance ratio over the update's (sample, step) elements.
+    pub ratio_mean: f64,
+    /// Pooled std of the ratio.
+    pub ratio_std: f64,
+    /// Smallest ratio.
+    pub ratio_min: f64,
+    /// Largest ratio.
+    pub ratio_max: f64,
+    /// Fraction of elements outside the clip band.
+    pub clip_fraction: f64,
+    /// Approximate KL to pi_old.
+    pub approx_kl: f64,
+    /// The optimizer step.
+    pub step: StepReport,
+    /// Micro-batches of the update.
+    pub num_microbatches: usize,
+    /// Samples trained.
+    pub samples: usize,
+    /// Replayed transitions (samples x trained steps) that entered the loss.
+    pub transitions: usize,
+    /// Wall-clock seconds of forward, backward and step.
+    pub seconds: f64,
+}
+
+impl UpdateReport {
+    /// The update's `train/*` and `perf/*` metrics.
+    pub fn metrics(&self) -> Metrics {
+        let mut m = Metrics::new();
+        let skipped = self.step.skipped.is_some();
+        m.insert(names::TRAIN_LOSS.into(), self.loss);
+        m.insert(names::TRAIN_RATIO_MEAN.into(), self.ratio_mean);
+        m.insert(names::TRAIN_RATIO_STD.into(), self.ratio_std);
+        m.insert(names::TRAIN_RATIO_MIN.into(), self.ratio_min);
+        m.insert(names::TRAIN_RATIO_MAX.into(), self.ratio_max);
+        m.insert(names::TRAIN_CLIP_FRACTION.into(), self.clip_fraction);
+        m.insert(names::TRAIN_APPROX_KL.into(), self.approx_kl);
+        m.insert(
+            names::TRAIN_GRAD_NORM.into(),
+            self.step.clip.map_or(f64::NAN, |c| c.total_norm),
+        );
+        m.insert(names::TRAIN_LR.into(), self.step.lr);
+        m.insert(
+            names::TRAIN_OPTIMIZER_STEPS.into(),
+            f64::from(u8::from(!skipped)),
+        );
+        m.insert(
+            names::TRAIN_OPTIMIZER_SKIPS.into(),
+            f64::from(u8::from(skipped)),
+        );
+        m.insert(
+            names::TRAIN_NUM_MICROBATCHES.into(),
+            self.num_microbatches as f64,
+        );
+        if self.seconds > 0.0 && self.transitions > 0 {
+            m.insert(
+                names::PERF_TRAIN_TRANSITIONS_PER_S.into(),
+                self.transitions as f64 / self.seconds,
+            );
+            m.insert(
+                names::PERF_TRAIN_SAMPLES_PER_S.into(),
+                self.samples as f64 / self.seconds,
+            );
+        }
+        m
+    }
+}
+
+/// One update of the plan: accumulate the gradients of `loss_fn` over the update's
+/// micro-batches (each weighted by its share of the update, so the sum is the gradient of the
+/// update's mean loss), then [`PolicyOptimizer::step`]. With `degenerate` advantages nothing
+/// is forwarded and the step is skipped.
+///
+/// `loss_fn(model, samples)` returns the clipped objective of the samples (indices into the
+/// rollout batch), e.g. [`flow_grpo::grpo_clip_loss`] of their replayed log-probs against the
+/// frozen anchor.
+///
+/// # Errors
+/// The first error of `loss_fn`, and those of [`PolicyOptimizer::step`]. The model is
+/// consumed then: such an error (a replay or shape problem, a wrong master dtype) ends the run,
+/// unlike a failed reward group, which [`advantages`] reports and the run survives.
+pub fn train_step<B, M, O, F>(
+    model: M,
+    optimizer: &mut PolicyOptimizer<B, M, O>,
+    update: &PlannedUpdate,
+    degenerate: bool,
+    mut loss_fn: F,
+) -> Result<(M, UpdateReport), TrainerError>
+where
+    B: AutodiffBackend,
+    M: AutodiffModule<B>,
+    O: Optimizer<M, B>,
+    F: FnMut(&M, Range<usize>) -> Result<ClipLoss<B>, TrainerError>,
+{
+    let start = Instant::now();
+    let num_microbatches = update.micro_batches.len();
+    if degenerate {
+        let (model, step) = optimizer.step(
+            model,
+            GradientsParams::new(),
+            Some(SkipReason::DegenerateAdvantages),
+        )?;
+        return Ok((
+            model,
+            UpdateReport {
+                update_index: update.index,
+                loss: f64::NAN,
+                ratio_mean: f64::NAN,
+                ratio_std: f64::NAN,
+                ratio_min: f64::NAN,
+                ratio_max: f64::NAN,
+                clip_fraction: f64::NAN,
+                approx_kl: f64::NAN,
+                step,
+                num_microbatches,
+                samples: 0,
+                transitions: 0,
+                seconds: start.elapsed().as_secs_f64(),
+            },
+        ));
+    }
+    let mut accumulator = GradientsAccumulator::<M>::new();
+    let (mut loss, mut elements) = (0.0f64, 0usize);
+    let (mut sum_r, mut sum_r2, mut kl, mut clipped) = (0.0f64, 0.0f64, 0.0f64, 0.0f64);
+    let (mut rmin, mut rmax) = (f64::INFINITY, f64::NEG_INFINITY);
+    for (i, mb) in update.micro_batches.iter().enumerate() {
+        let out = loss_fn(&model, mb.clone())?;
+        let w = update.micro_batch_weight(i);
+        let d = out.diagnostics;
+        let e = d.elements as f64;
+        loss += w * out.loss.clone().into_scalar().elem::<f64>();
+        elements += d.elements;
+        sum_r += e * d.ratio_mean;
+        sum_r2 += e * (d.ratio_std * d.ratio_std + d.ratio_mean * d.ratio_mean);
+        kl += e * d.approx_kl;
+        clipped += e * d.clip_fraction;
+        rmin = rmin.min(d.ratio_min);
+        rmax = rmax.max(d.ratio_max);
+        let grads = out.loss.mul_scalar(w).backward();
+        accumulator.accumulate::<B>(&model, GradientsParams::from_grads(grads, &model));
+    }
+    let (model, step) = optimizer.step(model, accumulator.grads(), None)?;
+    let n = elements.max(1) as f64;
+    let mean = sum_r / n;
+    Ok((
+        model,
+        UpdateReport {
+            update_index: update.index,
+            loss,
+            ratio_mean: mean,
+            ratio_std: (sum_r2 / n - mean * mean).max(0.0).sqrt(),
+            ratio_min: rmin,
+            ratio_max: rmax,
+            clip_fraction: clipped / n,
+            approx_kl: kl / n,
+            step,
+            num_microbatches,
+            samples: update.samples.len(),
+            transitions: elements,
+            seconds: start.elapsed().as_secs_f64(),
+        },
+    ))
+}
