@@ -4,6 +4,9 @@
 //! `cargo bench --bench sde_kernels` (CPU, burn's Flex backend). `benches/reference/sde_step_torch.py`
 //! times the same steps in PyTorch; docs/PERFORMANCE.md holds both.
 
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use burn::tensor::{Tensor, TensorData, backend::Backend};
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use flowrl::sde_math::solvers::{DpmSolverPP, OdeSolver, SolverState, UniPc};

@@ -13,6 +13,9 @@
 //! cargo run --release --features wgpu --example sde_replay -- --backend wgpu
 //! ```
 
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};

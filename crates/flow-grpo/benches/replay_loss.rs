@@ -6,6 +6,9 @@
 //!
 //! `cargo bench -p flow-grpo --bench replay_loss` (CPU, burn's Flex backend; device-synced).
 
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use burn::backend::{Autodiff, Flex};
 use burn::tensor::{Tensor, TensorData, backend::Backend};
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};

@@ -15,6 +15,9 @@
 //! `cargo bench -p reward --bench pickscore` (burn's Flex backend with its SIMD and rayon
 //! kernels).
 
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::path::Path;
 
 use burn::backend::Flex;

@@ -34,10 +34,33 @@ pub fn log_density_elements<B: Backend, const D: usize>(
     mean: Tensor<B, D>,
     std: &[f64],
 ) -> Tensor<B, D> {
-    let two_var: Vec<f64> = std.iter().map(|s| 2.0 * s * s).collect();
+    let inv_two_var: Vec<f64> = std.iter().map(|s| 1.0 / (2.0 * s * s)).collect();
     let log_norm: Vec<f64> = std.iter().map(|s| s.ln() + LN_SQRT_2PI).collect();
     let residual = x.sub(mean);
-    let quad = Coef::new(&two_var, &residual).div(residual.clone().mul(residual.clone()));
+    let quad = Coef::new(&inv_two_var, &residual).mul(residual.clone().mul(residual.clone()));
+    Coef::new(&log_norm, &quad).sub_from(quad.neg())
+}
+
+/// The mean log-density over a sample's elements from the mean squared residual:
+/// `mean_e log N(x_e; mu_e, std^2) = -mean_sq / (2 std^2) - ln(std) - ln(sqrt(2 pi))`, `[batch]`.
+///
+/// ```
+/// use burn::backend::Flex;
+/// use burn::tensor::Tensor;
+/// use sde_math::gaussian::{log_density_from_mean_square, LN_SQRT_2PI};
+/// let dev = Default::default();
+/// let lp = log_density_from_mean_square(Tensor::<Flex, 1>::from_floats([0.0, 1.0], &dev), &[1.0, 1.0]);
+/// let lp = lp.into_data().to_vec::<f32>().unwrap();
+/// assert!((lp[0] as f64 + LN_SQRT_2PI).abs() < 1e-6);
+/// assert!((lp[1] as f64 + 0.5 + LN_SQRT_2PI).abs() < 1e-6);
+/// ```
+pub fn log_density_from_mean_square<B: Backend>(
+    mean_sq: Tensor<B, 1>,
+    std: &[f64],
+) -> Tensor<B, 1> {
+    let inv_two_var: Vec<f64> = std.iter().map(|s| 1.0 / (2.0 * s * s)).collect();
+    let log_norm: Vec<f64> = std.iter().map(|s| s.ln() + LN_SQRT_2PI).collect();
+    let quad = Coef::new(&inv_two_var, &mean_sq).mul(mean_sq);
     Coef::new(&log_norm, &quad).sub_from(quad.neg())
 }
 
@@ -87,9 +110,9 @@ pub fn kl_same_std_elements<B: Backend, const D: usize>(
     mean2: Tensor<B, D>,
     std: &[f64],
 ) -> Tensor<B, D> {
-    let two_var: Vec<f64> = std.iter().map(|s| 2.0 * s * s).collect();
+    let inv_two_var: Vec<f64> = std.iter().map(|s| 1.0 / (2.0 * s * s)).collect();
     let diff = mean1.sub(mean2);
-    Coef::new(&two_var, &diff).div(diff.clone().mul(diff.clone()))
+    Coef::new(&inv_two_var, &diff).mul(diff.clone().mul(diff.clone()))
 }
 
 /// flow_grpo's released KL term, `mean((mu1 - mu2)^2) / (2 std_dev_t^2)` per sample.
@@ -105,8 +128,8 @@ pub fn kl_flow_grpo_reference<B: Backend, const D: usize>(
 ) -> Tensor<B, 1> {
     let diff = mean1.sub(mean2);
     let msq = mean_over_non_batch(diff.clone().mul(diff.clone()));
-    let two_g2: Vec<f64> = std_dev_t.iter().map(|g| 2.0 * g * g).collect();
-    Coef::new(&two_g2, &msq).div(msq)
+    let inv_two_g2: Vec<f64> = std_dev_t.iter().map(|g| 1.0 / (2.0 * g * g)).collect();
+    Coef::new(&inv_two_g2, &msq).mul(msq)
 }
 
 /// Mean over every non-batch dimension: `[batch, ...] -> [batch]` (the references' reduction).

@@ -434,9 +434,14 @@ impl Kernel {
             Next::Stored(stored) => storage.round_trip(stored),
         };
 
-        let per_element = gaussian::log_density_elements(prev_sample.clone(), mean.clone(), &std);
-        let log_prob = gaussian::mean_over_non_batch(per_element.clone());
-        let log_density = gaussian::sum_over_non_batch(per_element);
+        // mean_e log N(x'_e; mu_e, s^2) = -mean_e((x' - mu)^2) / (2 s^2) - ln(s) - ln(sqrt(2 pi)):
+        // one pass over the elements instead of materialising the per-element densities
+        // (`Transition::log_prob_elements` gives those on demand).
+        let residual = prev_sample.clone().sub(mean.clone());
+        let mean_sq = gaussian::mean_over_non_batch(residual.clone().mul(residual));
+        let log_prob = gaussian::log_density_from_mean_square(mean_sq, &std);
+        let elements: usize = prev_sample.dims()[1..].iter().product();
+        let log_density = log_prob.clone().mul_scalar(elements as f64);
         Ok(Transition {
             prev_sample,
             mean,

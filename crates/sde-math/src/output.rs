@@ -29,8 +29,8 @@ pub struct Transition<B: Backend, const D: usize> {
     /// GRPO ratio is built from. Normalised (all constants kept), so for CPS it differs from
     /// the reference's unnormalised score ([`Transition::cps_reference_score`]).
     pub log_prob: Tensor<B, 1>,
-    /// `[B]`: the exact log-density of the whole `prev_sample`, the **sum** over non-batch
-    /// elements (`log_prob * elements_per_sample`, up to float rounding).
+    /// `[B]`: the exact log-density of the whole `prev_sample`, the **sum** over the non-batch
+    /// elements (computed as `log_prob * elements_per_sample`).
     pub log_density: Tensor<B, 1>,
 }
 

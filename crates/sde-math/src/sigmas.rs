@@ -125,7 +125,10 @@ impl Sigmas {
 /// A scalar coefficient of a step, one value for the batch or one per sample.
 ///
 /// Values are computed on the host in `f64` and rounded once to the element type of the
-/// tensor they multiply.
+/// tensor they multiply. There is deliberately no division: callers pass host-computed
+/// reciprocals, so a shared and a per-sample coefficient round identically, and burn 0.21's
+/// autodiff (which differentiates `div_scalar` through an `f32` copy of the scalar) never caps
+/// an `f64` gradient's precision.
 #[derive(Debug, Clone)]
 pub(crate) enum Coef<B: Backend, const D: usize> {
     Shared(f64),
@@ -150,18 +153,6 @@ impl<B: Backend, const D: usize> Coef<B, D> {
         match self {
             Coef::Shared(c) => t.mul_scalar(*c),
             Coef::PerSample(c) => t.mul(c.clone()),
-        }
-    }
-
-    /// `t / c`, broadcast over the non-batch dimensions.
-    ///
-    /// A shared coefficient multiplies by its reciprocal (computed in `f64`): burn 0.21's
-    /// autodiff differentiates `div_scalar` through an `f32` copy of the scalar, which would cap
-    /// the gradient's precision on `f64` backends.
-    pub(crate) fn div(&self, t: Tensor<B, D>) -> Tensor<B, D> {
-        match self {
-            Coef::Shared(c) => t.mul_scalar(1.0 / *c),
-            Coef::PerSample(c) => t.div(c.clone()),
         }
     }
 

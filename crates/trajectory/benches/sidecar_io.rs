@@ -6,6 +6,9 @@
 //! rename, directory fsync), so it measures the disk as much as the code; `encode`/`decode`
 //! are the in-memory halves.
 
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::collections::BTreeMap;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
