@@ -80,17 +80,26 @@ pub enum RecipeName {
     /// [`TrainConfig::qwen_image_t2i_full`]: seed 002's full fine-tune reference.
     #[serde(rename = "qwen_image_t2i_full")]
     QwenImageT2iFull,
+    /// [`TrainConfig::shapes_world_lora`]: the validated recipe's shape on the embedded
+    /// shapes world, scaled to a CPU.
+    #[serde(rename = "shapes_world_lora")]
+    ShapesWorldLora,
 }
 
 impl RecipeName {
     /// Every recipe, for error messages and listings.
-    pub const ALL: [RecipeName; 2] = [RecipeName::QwenImageT2iLora, RecipeName::QwenImageT2iFull];
+    pub const ALL: [RecipeName; 3] = [
+        RecipeName::QwenImageT2iLora,
+        RecipeName::QwenImageT2iFull,
+        RecipeName::ShapesWorldLora,
+    ];
 
     /// The name used in files and on the command line.
     pub fn as_str(self) -> &'static str {
         match self {
             RecipeName::QwenImageT2iLora => "qwen_image_t2i_lora",
             RecipeName::QwenImageT2iFull => "qwen_image_t2i_full",
+            RecipeName::ShapesWorldLora => "shapes_world_lora",
         }
     }
 
@@ -113,6 +122,7 @@ impl RecipeName {
         match self {
             RecipeName::QwenImageT2iLora => TrainConfig::qwen_image_t2i_lora(),
             RecipeName::QwenImageT2iFull => TrainConfig::qwen_image_t2i_full(),
+            RecipeName::ShapesWorldLora => TrainConfig::shapes_world_lora(),
         }
     }
 }
@@ -251,11 +261,36 @@ pub struct RunSection {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelSection {
+    /// Which generator is trained (`--model-path`).
+    pub generator: GeneratorSource,
     /// `full` or `lora`; must agree with `lora.rank`.
     pub trainable_mode: TrainableMode,
     /// The optimizer's master dtype; `None` keeps the loaded dtype.
     #[serde(default)]
     pub master_dtype: Option<MasterDtype>,
+}
+
+/// The generator a run trains.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum GeneratorSource {
+    /// The shapes world's base generator (`trainer_fsdp::shapes_world`), a directory written by
+    /// the `pretrain_shapes` example (`transformer/` + `text_encoder.mpk`); scored by
+    /// `reward::shapes`. The embedded default.
+    ShapesWorld {
+        /// The generator directory.
+        dir: PathBuf,
+    },
+    /// A diffusers Qwen-Image directory (`--model-path`) scored by PickScore
+    /// (`--reward-model-path`). The transformer loads (`dit_models`), but the rest of the
+    /// pipeline (the Qwen2.5-VL text encoder, its tokenizer and the VAE) is not implemented
+    /// yet, so a run refuses to start and says so.
+    QwenImage {
+        /// The diffusers model directory.
+        model_path: PathBuf,
+        /// The PickScore model directory.
+        reward_model_path: Option<PathBuf>,
+    },
 }
 
 /// `[lora]`: the adapter (`--lora-*`). Absent means rank 0.
@@ -524,6 +559,10 @@ impl TrainConfig {
                 num_rollouts: 100,
             },
             model: ModelSection {
+                generator: GeneratorSource::QwenImage {
+                    model_path: PathBuf::from("models").join("Qwen-Image"),
+                    reward_model_path: Some(PathBuf::from("models").join("PickScore_v1")),
+                },
                 trainable_mode: TrainableMode::Lora,
                 master_dtype: Some(MasterDtype::Fp32),
             },
@@ -603,6 +642,7 @@ impl TrainConfig {
         let run_dir = PathBuf::from("runs").join("qwen-image-t2i-full");
         c.recipe = Some(RecipeName::QwenImageT2iFull);
         c.model = ModelSection {
+            generator: c.model.generator.clone(),
             trainable_mode: TrainableMode::Full,
             master_dtype: None,
         };
@@ -617,6 +657,100 @@ impl TrainConfig {
         c.checkpoint.max_to_keep = Some(2);
         c.artifacts.root = run_dir.join("artifacts");
         c
+    }
+
+    /// The embedded default: seed 002's validated recipe shape on the shapes world
+    /// ([`GeneratorSource::ShapesWorld`], `fixtures/shapes_world`), scaled to run in minutes
+    /// on two CPU cores:
+    ///
+    /// * 32x32 images, 12 steps of the Qwen-Image schedule, guidance 1.0, Flow-SDE eta 0.7,
+    ///   3 trained steps redrawn per rollout from the pool `[1, 2, 3, 4, 5]` (`[3, 4, 5]`
+    ///   for evaluation) — as in the seed;
+    /// * group size 8, 2 disjoint updates per rollout, eps_clip `1e-4`, std mode `group`,
+    ///   LoRA dropout 0, no CFG, no KL — as in the seed;
+    /// * scaled: 6 prompts per rollout (48 samples, updates of 24, micro-batches of 24), LoRA
+    ///   rank 8 / alpha 16 on the eight attention projections, lr `2e-3` (constant), 16
+    ///   rollouts, evaluation every 8 rollouts on the held-out prompts (4 seeds each);
+    /// * reward: the `shapes` composition score, required, weight 1.
+    pub fn shapes_world_lora() -> Self {
+        let run_dir = PathBuf::from("runs").join("shapes-world-lora");
+        Self {
+            recipe: Some(RecipeName::ShapesWorldLora),
+            run: RunSection {
+                task: "t2i".into(),
+                seed: 0,
+                num_rollouts: 16,
+            },
+            model: ModelSection {
+                generator: GeneratorSource::ShapesWorld {
+                    dir: PathBuf::from("fixtures").join("shapes_world"),
+                },
+                trainable_mode: TrainableMode::Lora,
+                master_dtype: Some(MasterDtype::Fp32),
+            },
+            lora: Some(LoraSection {
+                rank: 8,
+                alpha: 16.0,
+                dropout: 0.0,
+                target_modules: None,
+                use_rslora: false,
+            }),
+            sampling: SamplingSection {
+                scheduler: SchedulerSource::QwenImage,
+                height: 32,
+                width: 32,
+                num_inference_steps: 12,
+                guidance_scale: 1.0,
+                eta: 0.7,
+                sde_type: SdeKind::FlowSde,
+                sde_resample_per_rollout: true,
+                sde_pool: Some(vec![1, 2, 3, 4, 5]),
+                sde_indices: Some(vec![3, 4, 5]),
+                num_sde_steps: 3,
+                sde_timestep_fraction: None,
+            },
+            grpo: GrpoSection {
+                prompts_per_rollout: 6,
+                group_size: 8,
+                num_updates_per_batch: 2,
+                micro_batch_size: 24,
+                eps_clip: 1e-4,
+                eps_clip_high: None,
+                advantage_std_mode: AdvantageStdMode::Group,
+                clip_grad: 1.0,
+                kl_coef: 0.0,
+            },
+            optimizer: OptimizerSection {
+                lr: 2e-3,
+                weight_decay: 0.0,
+                adam_beta1: 0.9,
+                adam_beta2: 0.999,
+                adam_eps: 1e-8,
+                lr_warmup_iters: 0,
+                lr_scheduler: LrSchedulerKind::Constant,
+                min_lr: 0.0,
+                lr_decay_iters: None,
+            },
+            reward: RewardSection {
+                required_components: vec!["shapes".into()],
+                component_weights: BTreeMap::from([("shapes".into(), 1.0)]),
+            },
+            checkpoint: CheckpointSection {
+                dir: run_dir.join("checkpoints"),
+                save_interval: 4,
+                max_to_keep: Some(3),
+                resume: false,
+            },
+            artifacts: ArtifactSection {
+                root: run_dir.join("artifacts"),
+                retention_rollouts: 2,
+            },
+            eval: EvalSection {
+                interval: 8,
+                samples_per_prompt: 4,
+            },
+            monitor: MonitorSection::default(),
+        }
     }
 
     /// Parses a config from TOML text. A top-level `recipe = "<name>"` starts from that

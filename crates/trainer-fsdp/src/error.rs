@@ -73,7 +73,51 @@ pub enum TrainerError {
 
     /// A sampling or replay step was refused by the kernel, the solver or the schedule.
     #[error("sampling step: {0}")]
-    Sde(#[from] sde_math::SdeError),
+    Sde(Box<sde_math::SdeError>),
+
+    /// A schedule or trained-step plan was refused.
+    #[error(transparent)]
+    Schedule(Box<schedule::ScheduleError>),
+
+    /// Initial or per-step noise could not be made.
+    #[error(transparent)]
+    Noise(Box<noise_recipe::NoiseError>),
+
+    /// A model-crate operation failed (loading, export, LoRA, contract).
+    #[error(transparent)]
+    Model(Box<dit_models::DitError>),
+
+    /// A scorer or image conversion failed.
+    #[error(transparent)]
+    Reward(Box<reward::RewardError>),
+
+    /// The configured generator cannot be trained by this build.
+    #[error("generator {generator} cannot be trained yet: missing {missing}")]
+    GeneratorUnsupported {
+        /// The generator configured.
+        generator: String,
+        /// What is missing.
+        missing: &'static str,
+    },
+
+    /// A model configuration file is missing or invalid.
+    #[error("model config {path}: {source}")]
+    ModelConfig {
+        /// The file.
+        path: PathBuf,
+        /// burn's error.
+        #[source]
+        source: burn::config::ConfigError,
+    },
+
+    /// A prompt the shapes world's tokenizer cannot encode.
+    #[error("prompt {prompt:?}: {problem}")]
+    PromptVocabulary {
+        /// The prompt.
+        prompt: String,
+        /// What is wrong with it.
+        problem: String,
+    },
 
     /// A trained step index is outside the schedule.
     #[error("trained step {step} is outside a {steps}-step schedule")]
@@ -435,3 +479,22 @@ pub(crate) fn io_err(path: &Path, op: &'static str) -> impl FnOnce(std::io::Erro
     let path = path.to_path_buf();
     move |source| TrainerError::Io { path, op, source }
 }
+
+macro_rules! boxed_from {
+    ($($variant:ident($ty:ty)),+ $(,)?) => {
+        $(impl From<$ty> for TrainerError {
+            fn from(e: $ty) -> Self {
+                TrainerError::$variant(Box::new(e))
+            }
+        })+
+    };
+}
+
+// Large lower-layer errors are boxed so a `Result<_, TrainerError>` stays small.
+boxed_from!(
+    Sde(sde_math::SdeError),
+    Schedule(schedule::ScheduleError),
+    Noise(noise_recipe::NoiseError),
+    Model(dit_models::DitError),
+    Reward(reward::RewardError),
+);

@@ -39,6 +39,8 @@ pub mod lr;
 pub mod monitor;
 mod rng;
 pub mod rollout;
+pub mod shapes_run;
+pub mod shapes_world;
 pub mod signal;
 pub mod train;
 

@@ -1,0 +1,351 @@
+//! The shapes-world FlowGRPO loop end to end, on a tiny random generator: one full iteration,
+//! the on-policy ratio, a NaN reward, resume, and the refusal of an unsupported generator.
+
+use std::path::Path;
+
+use burn::backend::{Autodiff, Flex};
+use burn::module::{AutodiffModule, Module};
+use burn::tensor::backend::Backend;
+use reward::shapes::ShapesScorer;
+use reward::{Batch, Components, Input, RewardError, Scorer};
+use trainer_fsdp::config::GeneratorSource;
+use trainer_fsdp::shapes_run::{ShapesWorldRun, eval_prompts, train_prompts};
+use trainer_fsdp::shapes_world::{ShapesGenerator, TextEncoderConfig, transformer_config};
+use trainer_fsdp::{
+    CheckpointStore, Override, RecipeName, StopFlag, TrainConfig, TrainerError, TrainerRng, names,
+    read_jsonl,
+};
+
+type B = Autodiff<Flex>;
+
+/// burn's CPU RNG is global: runs that initialise an adapter are serialised so each sees
+/// the seed its config sets.
+static RNG_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// A tiny random generator written where the shapes-world loader expects it.
+fn tiny_generator(dir: &Path) {
+    let dev = Default::default();
+    let text = TextEncoderConfig::new()
+        .with_d_model(16)
+        .with_layers(1)
+        .with_heads(2);
+    let dit = transformer_config()
+        .with_num_layers(1)
+        .with_attention_head_dim(8)
+        .with_num_attention_heads(2)
+        .with_joint_attention_dim(16)
+        .with_axes_dims_rope([2, 2, 4]);
+    ShapesGenerator::<Flex>::init_with(&text, &dit, &dev)
+        .save(dir)
+        .unwrap();
+}
+
+fn tiny_config(root: &Path, rollouts: u64, extra: &[&str]) -> TrainConfig {
+    let dir = |name: &str| root.join(name).display().to_string();
+    let mut o = vec![
+        format!("model.generator.shapes_world.dir={}", dir("generator")),
+        "run.num_rollouts=".to_string() + &rollouts.to_string(),
+        "grpo.prompts_per_rollout=2".into(),
+        "grpo.group_size=4".into(),
+        "grpo.micro_batch_size=4".into(),
+        "sampling.num_inference_steps=4".into(),
+        "sampling.sde_pool=[1, 2]".into(),
+        "sampling.sde_indices=[1, 2]".into(),
+        "sampling.num_sde_steps=2".into(),
+        "lora.rank=2".into(),
+        "lora.alpha=4.0".into(),
+        "eval.interval=1".into(),
+        "eval.samples_per_prompt=1".into(),
+        "checkpoint.save_interval=1".into(),
+        format!("checkpoint.dir={}", dir("ckpt")),
+        format!("artifacts.root={}", dir("artifacts")),
+        "monitor.progress=\"never\"".into(),
+    ];
+    o.extend(extra.iter().map(|s| s.to_string()));
+    let overrides = Override::parse_all(&o).unwrap();
+    TrainConfig::from_recipe(RecipeName::ShapesWorldLora, &overrides).unwrap()
+}
+
+fn start(root: &Path, rollouts: u64, extra: &[&str]) -> ShapesWorldRun<B> {
+    let cfg = tiny_config(root, rollouts, extra);
+    let pre = cfg.preflight().unwrap();
+    let _guard = RNG_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    ShapesWorldRun::<B>::new(cfg, pre, &root.join("run"), Default::default()).unwrap()
+}
+
+/// A scorer whose reward varies with the image (its mean brightness), so that a tiny random
+/// generator still gets non-degenerate advantages and trains.
+struct Brightness;
+
+impl Scorer for Brightness {
+    fn name(&self) -> String {
+        "brightness".into()
+    }
+    fn required_inputs(&self) -> &[Input] {
+        &[Input::Image]
+    }
+    fn components(&self) -> Vec<String> {
+        vec!["shapes".into()]
+    }
+    fn score_chunk(&self, batch: Batch<'_>) -> Result<Vec<Components>, RewardError> {
+        Ok(batch
+            .images()
+            .unwrap()
+            .iter()
+            .map(|img| {
+                let bytes = img.as_bytes();
+                let mean = bytes.iter().map(|b| f64::from(*b)).sum::<f64>() / bytes.len() as f64;
+                Components::from_iter([("shapes", mean / 255.0)])
+            })
+            .collect())
+    }
+    fn chunk_size(&self) -> usize {
+        usize::MAX
+    }
+}
+
+#[test]
+fn one_full_iteration_end_to_end() {
+    let root = tempfile::tempdir().unwrap();
+    tiny_generator(&root.path().join("generator"));
+    let mut run = start(root.path(), 1, &[]).with_scorer(Box::new(Brightness));
+    let prompts = train_prompts(&mut TrainerRng::seeded(3), 2, &eval_prompts());
+
+    // rollout: one sidecar per group, one PNG per candidate, read back validated
+    let batch = run.rollout(0, &prompts).unwrap();
+    assert_eq!(batch.trajectories.len(), 2);
+    assert_eq!(batch.images.len(), 8);
+    assert_eq!(batch.trained.len(), 2);
+    let layout = trajectory::ArtifactLayout::new(root.path().join("artifacts"), "t2i").unwrap();
+    let rollout_dir = layout.rollout_dir(trajectory::Split::Train, 0);
+    let files: Vec<String> = std::fs::read_dir(&rollout_dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", rollout_dir.display()))
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(
+        files.iter().filter(|f| f.ends_with(".safetensors")).count(),
+        2,
+        "{files:?}"
+    );
+    assert_eq!(
+        files.iter().filter(|f| f.ends_with(".png")).count(),
+        8,
+        "{files:?}"
+    );
+    // distinct sample ids -> distinct initial noise and trajectories within a group
+    let t = &batch.trajectories[0];
+    assert_ne!(
+        t.latent(0, batch.trained[0]).unwrap(),
+        t.latent(1, batch.trained[0]).unwrap()
+    );
+
+    // score, advantages
+    let groups = run.score(&batch).unwrap();
+    assert_eq!(groups.len(), 2);
+    assert!(
+        groups
+            .iter()
+            .all(|g| g.samples.len() == 4 && g.samples[0].contains_key("shapes"))
+    );
+    // the shapes scorer itself scores the same images (the tiny random model draws nothing)
+    let shapes_scores = ShapesScorer
+        .score(Batch::new(Some(&batch.images), None, None).unwrap())
+        .map(|_| ());
+    assert!(
+        shapes_scores.is_err(),
+        "the shapes scorer needs the prompts"
+    );
+
+    // train: the anchor is replayed before any step, so the first update is on-policy
+    let cfg = tiny_config(root.path(), 1, &[]);
+    let adv =
+        trainer_fsdp::advantages(&cfg.preflight().unwrap().advantages, &groups, None).unwrap();
+    let before = run.model().dit.clone().valid();
+    let report = run.train(&batch, &adv).unwrap();
+    // the sampler ran the plain backend, the anchor the autodiff one: they agree to float
+    // rounding (burn's autodiff backend decomposes attention where Flex fuses it)
+    assert!(
+        report.logp_parity_max_abs <= 1e-5,
+        "anchor vs rollout log-probs: {}",
+        report.logp_parity_max_abs
+    );
+    assert!(!adv.degenerate);
+    let first = &report.updates[0];
+    assert_eq!(
+        (first.ratio_min, first.ratio_max),
+        (1.0, 1.0),
+        "first update is on-policy"
+    );
+    let second = &report.updates[1];
+    assert!(
+        second.ratio_min != 1.0 || second.ratio_max != 1.0,
+        "the second update replays moved weights"
+    );
+    // the adapter moved
+    let after = run.model().dit.clone().valid();
+    assert!(
+        param_bits(&before) != param_bits(&after),
+        "an optimizer step changed nothing"
+    );
+
+    // evaluate and checkpoint
+    let e = run.evaluate("test").unwrap();
+    assert!((0.0..=1.0).contains(&e.reward));
+    assert!(
+        root.path()
+            .join("run")
+            .join("samples")
+            .join("eval_test.png")
+            .exists()
+    );
+    run.checkpoint(0).unwrap();
+    let store = CheckpointStore::new(root.path().join("ckpt"), "t2i", None).unwrap();
+    assert_eq!(store.latest_committed().unwrap().unwrap().iteration, 0);
+}
+
+/// A scorer that returns NaN for the first group's images.
+struct NanForFirstGroup(usize);
+
+impl Scorer for NanForFirstGroup {
+    fn name(&self) -> String {
+        "nan-for-first-group".into()
+    }
+    fn required_inputs(&self) -> &[Input] {
+        ShapesScorer.required_inputs()
+    }
+    fn components(&self) -> Vec<String> {
+        ShapesScorer.components()
+    }
+    fn score_chunk(&self, batch: Batch<'_>) -> Result<Vec<Components>, RewardError> {
+        let mut out = ShapesScorer.score_chunk(batch)?;
+        for c in out.iter_mut().take(self.0) {
+            c.insert("shapes", f64::NAN);
+        }
+        Ok(out)
+    }
+    fn chunk_size(&self) -> usize {
+        usize::MAX
+    }
+}
+
+#[test]
+fn a_nan_reward_fails_its_group_and_the_run_continues() {
+    let root = tempfile::tempdir().unwrap();
+    tiny_generator(&root.path().join("generator"));
+    let mut run =
+        start(root.path(), 2, &["eval.interval=0"]).with_scorer(Box::new(NanForFirstGroup(4)));
+    let summary = run.run(&StopFlag::new()).unwrap();
+    assert_eq!(
+        summary.last_rollout,
+        Some(1),
+        "the run went on after the failed group"
+    );
+    let records = read_jsonl(&root.path().join("run").join("metrics.jsonl")).unwrap();
+    assert_eq!(records.len(), 2);
+    for r in &records {
+        assert_eq!(r.metrics[names::REWARD_FAILED_GROUPS], Some(1.0));
+        assert_eq!(r.metrics[names::REWARD_NUM_GROUPS], Some(2.0));
+    }
+}
+
+/// Every float parameter of a module, as bits.
+fn param_bits<Bk: Backend, M: Module<Bk>>(module: &M) -> Vec<u32> {
+    let mut v = Vec::new();
+    struct Collect<'a>(&'a mut Vec<u32>);
+    impl<Bk: Backend> burn::module::ModuleVisitor<Bk> for Collect<'_> {
+        fn visit_float<const D: usize>(
+            &mut self,
+            param: &burn::module::Param<burn::tensor::Tensor<Bk, D>>,
+        ) {
+            let data = param.val().into_data().convert::<f32>();
+            self.0
+                .extend(data.to_vec::<f32>().unwrap().into_iter().map(f32::to_bits));
+        }
+    }
+    module.visit(&mut Collect(&mut v));
+    v
+}
+
+/// The policy's transformer parameters (base and adapter), as bits.
+fn adapter_bits(run: &ShapesWorldRun<B>) -> Vec<u32> {
+    param_bits(&run.model().dit.clone().valid())
+}
+
+#[test]
+fn resume_continues_from_the_last_commit_with_identical_state() {
+    // reference: 2 rollouts in one go
+    let a = tempfile::tempdir().unwrap();
+    tiny_generator(&a.path().join("generator"));
+    let mut straight = start(a.path(), 2, &["eval.interval=0"]).with_scorer(Box::new(Brightness));
+    straight.run(&StopFlag::new()).unwrap();
+
+    // the same, stopped after rollout 0 and resumed
+    let b = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(b.path()).unwrap();
+    copy_dir(&a.path().join("generator"), &b.path().join("generator"));
+    let mut first = start(b.path(), 1, &["eval.interval=0"]).with_scorer(Box::new(Brightness));
+    first.run(&StopFlag::new()).unwrap();
+    drop(first);
+    let mut resumed = start(b.path(), 2, &["eval.interval=0", "checkpoint.resume=true"])
+        .with_scorer(Box::new(Brightness));
+    assert_eq!(resumed.next_rollout(), 1);
+    resumed.run(&StopFlag::new()).unwrap();
+
+    assert!(
+        read_jsonl(&a.path().join("run").join("metrics.jsonl"))
+            .unwrap()
+            .iter()
+            .all(|r| r.metrics[names::REWARD_DEGENERATE] == Some(0.0)),
+        "the test needs real optimizer steps"
+    );
+    assert!(
+        adapter_bits(&straight) == adapter_bits(&resumed),
+        "resumed run diverged"
+    );
+    let ma = read_jsonl(&a.path().join("run").join("metrics.jsonl")).unwrap();
+    let mb = read_jsonl(&b.path().join("run").join("metrics.jsonl")).unwrap();
+    assert_eq!(ma.len(), mb.len());
+    for (x, y) in ma.iter().zip(&mb) {
+        assert_eq!(x.step, y.step);
+        assert_eq!(
+            x.metrics.get(names::TRAIN_LOSS),
+            y.metrics.get(names::TRAIN_LOSS)
+        );
+        assert_eq!(
+            x.metrics.get("reward/shapes_mean"),
+            y.metrics.get("reward/shapes_mean")
+        );
+    }
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let target = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &target);
+        } else {
+            std::fs::copy(e.path(), target).unwrap();
+        }
+    }
+}
+
+#[test]
+fn a_qwen_image_directory_is_refused_with_what_is_missing() {
+    let root = tempfile::tempdir().unwrap();
+    let mut cfg = tiny_config(root.path(), 1, &[]);
+    cfg.model.generator = GeneratorSource::QwenImage {
+        model_path: root.path().join("Qwen-Image"),
+        reward_model_path: None,
+    };
+    let pre = cfg.preflight().unwrap();
+    let err = match ShapesWorldRun::<B>::new(cfg, pre, &root.path().join("run"), Default::default())
+    {
+        Err(e) => e,
+        Ok(_) => panic!("a Qwen-Image run started without a pipeline"),
+    };
+    assert!(matches!(err, TrainerError::GeneratorUnsupported { .. }));
+    let msg = err.to_string();
+    assert!(msg.contains("text encoder") && msg.contains("VAE"), "{msg}");
+}
