@@ -275,6 +275,13 @@ impl<B: AutodiffBackend> ShapesWorldRun<B> {
         })
     }
 
+    /// Calls `hook` after each durable step of every checkpoint write (crash tests slow the
+    /// write window down with it).
+    pub fn with_checkpoint_hook(mut self, hook: crate::checkpoint::WriteHook) -> Self {
+        self.store = self.store.with_write_hook(hook);
+        self
+    }
+
     /// Replaces the scorer (tests inject failing scorers).
     pub fn with_scorer(mut self, scorer: Box<dyn Scorer>) -> Self {
         self.scorer = scorer;

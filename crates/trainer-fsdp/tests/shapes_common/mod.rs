@@ -1,0 +1,119 @@
+//! Shared by the shapes-loop tests: a tiny random shapes-world generator, a tiny recipe, a
+//! scorer that still varies on a random generator's images, and parameter fingerprints.
+
+#![allow(dead_code)]
+
+use std::path::Path;
+
+use burn::backend::Flex;
+use burn::module::Module;
+use burn::tensor::backend::Backend;
+use reward::{Batch, Components, Input, RewardError, Scorer};
+use trainer_fsdp::shapes_world::{ShapesGenerator, TextEncoderConfig, transformer_config};
+use trainer_fsdp::{Override, RecipeName, TrainConfig};
+
+/// A tiny random generator written where the shapes-world loader expects it.
+pub fn tiny_generator(dir: &Path) {
+    let dev = Default::default();
+    let text = TextEncoderConfig::new()
+        .with_d_model(16)
+        .with_layers(1)
+        .with_heads(2);
+    let dit = transformer_config()
+        .with_num_layers(1)
+        .with_attention_head_dim(8)
+        .with_num_attention_heads(2)
+        .with_joint_attention_dim(16)
+        .with_axes_dims_rope([2, 2, 4]);
+    ShapesGenerator::<Flex>::init_with(&text, &dit, &dev)
+        .save(dir)
+        .unwrap();
+}
+
+pub fn tiny_config(root: &Path, rollouts: u64, extra: &[&str]) -> TrainConfig {
+    let dir = |name: &str| root.join(name).display().to_string();
+    let mut o = vec![
+        format!("model.generator.shapes_world.dir={}", dir("generator")),
+        "run.num_rollouts=".to_string() + &rollouts.to_string(),
+        "grpo.prompts_per_rollout=2".into(),
+        "grpo.group_size=4".into(),
+        "grpo.micro_batch_size=4".into(),
+        "sampling.num_inference_steps=4".into(),
+        "sampling.sde_pool=[1, 2]".into(),
+        "sampling.sde_indices=[1, 2]".into(),
+        "sampling.num_sde_steps=2".into(),
+        "lora.rank=2".into(),
+        "lora.alpha=4.0".into(),
+        "eval.interval=1".into(),
+        "eval.samples_per_prompt=1".into(),
+        "checkpoint.save_interval=1".into(),
+        format!("checkpoint.dir={}", dir("ckpt")),
+        format!("artifacts.root={}", dir("artifacts")),
+        "monitor.progress=\"never\"".into(),
+    ];
+    o.extend(extra.iter().map(|s| s.to_string()));
+    let overrides = Override::parse_all(&o).unwrap();
+    TrainConfig::from_recipe(RecipeName::ShapesWorldLora, &overrides).unwrap()
+}
+
+/// A scorer whose reward varies with the image (its mean brightness), so that a tiny random
+/// generator still gets non-degenerate advantages and trains.
+pub struct Brightness;
+
+impl Scorer for Brightness {
+    fn name(&self) -> String {
+        "brightness".into()
+    }
+    fn required_inputs(&self) -> &[Input] {
+        &[Input::Image]
+    }
+    fn components(&self) -> Vec<String> {
+        vec!["shapes".into()]
+    }
+    fn score_chunk(&self, batch: Batch<'_>) -> Result<Vec<Components>, RewardError> {
+        Ok(batch
+            .images()
+            .unwrap()
+            .iter()
+            .map(|img| {
+                let bytes = img.as_bytes();
+                let mean = bytes.iter().map(|b| f64::from(*b)).sum::<f64>() / bytes.len() as f64;
+                Components::from_iter([("shapes", mean / 255.0)])
+            })
+            .collect())
+    }
+    fn chunk_size(&self) -> usize {
+        usize::MAX
+    }
+}
+
+/// Every float parameter of a module, as bits.
+pub fn param_bits<Bk: Backend, M: Module<Bk>>(module: &M) -> Vec<u32> {
+    let mut v = Vec::new();
+    struct Collect<'a>(&'a mut Vec<u32>);
+    impl<Bk: Backend> burn::module::ModuleVisitor<Bk> for Collect<'_> {
+        fn visit_float<const D: usize>(
+            &mut self,
+            param: &burn::module::Param<burn::tensor::Tensor<Bk, D>>,
+        ) {
+            let data = param.val().into_data().convert::<f32>();
+            self.0
+                .extend(data.to_vec::<f32>().unwrap().into_iter().map(f32::to_bits));
+        }
+    }
+    module.visit(&mut Collect(&mut v));
+    v
+}
+
+pub fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let target = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &target);
+        } else {
+            std::fs::copy(e.path(), target).unwrap();
+        }
+    }
+}

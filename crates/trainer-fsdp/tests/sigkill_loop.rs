@@ -1,0 +1,255 @@
+//! Crash safety of the real training loop (`ShapesWorldRun` on a tiny shapes-world
+//! generator), with real processes killed by SIGKILL.
+//!
+//! This test binary is also the child: with `SHAPES_LOOP_CHILD_DIR` set it runs the loop for
+//! `ROLLOUTS` rollouts with a checkpoint after every rollout, resuming from the last committed
+//! one if there is one, printing `PHASE <iteration> <phase>` after each durable step of a
+//! checkpoint write and then sleeping `SHAPES_LOOP_CHILD_SLOW_MS` (so a kill can land inside
+//! the write window), and finally writing the adapter's parameters to a file.
+//!
+//! The parent runs the child once uninterrupted (the reference), then kills it at 10 points
+//! (right after chosen write phases, at random times, and twice in a row), resumes it to the
+//! end each time, and checks that it resumed right after the last committed iteration and ended
+//! with parameters and metrics identical to the reference.
+
+#[path = "shapes_common/mod.rs"]
+mod shapes_common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use burn::backend::{Autodiff, Flex};
+use burn::module::AutodiffModule;
+use shapes_common::*;
+use trainer_fsdp::shapes_run::ShapesWorldRun;
+use trainer_fsdp::{CheckpointStore, StopFlag, TrainerRng, WritePhase, read_jsonl};
+
+type B = Autodiff<Flex>;
+
+const ROLLOUTS: u64 = 4;
+const CHILD_DIR: &str = "SHAPES_LOOP_CHILD_DIR";
+const CHILD_SLOW: &str = "SHAPES_LOOP_CHILD_SLOW_MS";
+const FINAL: &str = "final_adapter.bin";
+
+fn main() {
+    match std::env::var_os(CHILD_DIR) {
+        Some(dir) => child(Path::new(&dir)),
+        None => parent(),
+    }
+}
+
+fn say(line: &str) {
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{line}").unwrap();
+    out.flush().unwrap();
+}
+
+fn child(dir: &Path) {
+    let slow: u64 = std::env::var(CHILD_SLOW)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let cfg = tiny_config(
+        dir,
+        ROLLOUTS,
+        &[
+            "eval.interval=0",
+            "checkpoint.resume=true",
+            "checkpoint.max_to_keep=2",
+        ],
+    );
+    let pre = cfg.preflight().unwrap();
+    let run = ShapesWorldRun::<B>::new(cfg, pre, &dir.join("run"), Default::default()).unwrap();
+    say(&format!("START {}", run.next_rollout()));
+    let mut run = run
+        .with_scorer(Box::new(Brightness))
+        .with_checkpoint_hook(Arc::new(move |it, phase| {
+            say(&format!("PHASE {it} {phase:?}"));
+            if slow > 0 {
+                std::thread::sleep(Duration::from_millis(slow));
+            }
+        }));
+    run.run(&StopFlag::new()).unwrap();
+    let bits: Vec<u8> = param_bits(&run.model().dit.clone().valid())
+        .into_iter()
+        .flat_map(u32::to_le_bytes)
+        .collect();
+    trajectory::write_atomic(&dir.join(FINAL), &bits).unwrap();
+    say("DONE");
+}
+
+fn spawn(dir: &Path, slow_ms: u64, stdout: Stdio) -> Child {
+    Command::new(std::env::current_exe().unwrap())
+        .env(CHILD_DIR, dir)
+        .env(CHILD_SLOW, slow_ms.to_string())
+        .stdout(stdout)
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn the child")
+}
+
+/// A fresh trial directory holding the (shared, read-only) generator.
+fn prepare(dir: &Path, generator: &Path) {
+    copy_dir(generator, &dir.join("generator"));
+}
+
+fn run_to_end(dir: &Path) -> Vec<String> {
+    let out = spawn(dir, 0, Stdio::piped()).wait_with_output().unwrap();
+    assert!(out.status.success(), "child failed: {:?}", out.status);
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(String::from)
+        .collect()
+}
+
+fn kill_at_marker(dir: &Path, slow_ms: u64, marker: &str) -> bool {
+    let mut child = spawn(dir, slow_ms, Stdio::piped());
+    let out = child.stdout.take().unwrap();
+    let mut hit = false;
+    for line in BufReader::new(out).lines() {
+        if line.unwrap() == marker {
+            child.kill().unwrap();
+            hit = true;
+            break;
+        }
+    }
+    child.wait().unwrap();
+    hit
+}
+
+fn kill_after(dir: &Path, slow_ms: u64, delay: Duration) {
+    let mut child = spawn(dir, slow_ms, Stdio::null());
+    std::thread::sleep(delay);
+    let _ = child.kill();
+    child.wait().unwrap();
+}
+
+/// The deterministic part of every metrics record (timings dropped).
+fn metrics(dir: &Path) -> Vec<(u64, Vec<(String, Option<f64>)>)> {
+    read_jsonl(&dir.join("run").join("metrics.jsonl"))
+        .unwrap()
+        .into_iter()
+        .map(|r| {
+            (
+                r.step,
+                r.metrics
+                    .into_iter()
+                    .filter(|(k, _)| !k.starts_with("perf/"))
+                    .collect(),
+            )
+        })
+        .collect()
+}
+
+fn resume_and_check(dir: &Path, reference: &Path, trial: &str) {
+    let last = CheckpointStore::new(dir.join("ckpt"), "t2i", None)
+        .unwrap()
+        .latest_committed()
+        .unwrap()
+        .map(|c| c.iteration);
+    let lines = run_to_end(dir);
+    let expect = format!("START {}", last.map_or(0, |it| it + 1));
+    assert_eq!(
+        lines.iter().find(|l| l.starts_with("START")),
+        Some(&expect),
+        "{trial}: resumed at the wrong rollout: {lines:?}"
+    );
+    assert_eq!(lines.last().map(String::as_str), Some("DONE"), "{trial}");
+    assert_eq!(
+        std::fs::read(dir.join(FINAL)).unwrap(),
+        std::fs::read(reference.join(FINAL)).unwrap(),
+        "{trial}: final parameters differ from the uninterrupted run"
+    );
+    let ours = metrics(dir);
+    assert_eq!(
+        ours.iter().map(|r| r.0).collect::<Vec<_>>(),
+        (0..ROLLOUTS).collect::<Vec<_>>(),
+        "{trial}"
+    );
+    assert_eq!(ours, metrics(reference), "{trial}: metrics differ");
+}
+
+fn parent() {
+    let start = Instant::now();
+    let root = tempfile::tempdir().unwrap();
+    let generator = root.path().join("generator");
+    tiny_generator(&generator);
+    let reference = root.path().join("reference");
+    prepare(&reference, &generator);
+    let t0 = Instant::now();
+    let lines = run_to_end(&reference);
+    let full = t0.elapsed();
+    assert_eq!(
+        lines
+            .iter()
+            .find(|l| l.starts_with("START"))
+            .map(String::as_str),
+        Some("START 0")
+    );
+
+    let slow = 30u64;
+    type Trial = Box<dyn Fn(&Path) + Send + Sync>;
+    let mut trials: Vec<(String, Trial)> = Vec::new();
+    for (it, phase) in [
+        (0, WritePhase::Weights),
+        (1, WritePhase::Optimizer),
+        (1, WritePhase::Rng),
+        (2, WritePhase::TrainerState),
+        (2, WritePhase::Committed),
+        (3, WritePhase::Started),
+    ] {
+        let marker = format!("PHASE {it} {phase:?}");
+        trials.push((
+            format!("SIGKILL after `{marker}`"),
+            Box::new(move |dir: &Path| {
+                assert!(kill_at_marker(dir, slow, &marker), "{marker} never printed")
+            }),
+        ));
+    }
+    let mut rng = TrainerRng::seeded(7);
+    let window = full.as_millis() as u64 + ROLLOUTS * 7 * slow;
+    for _ in 0..3 {
+        let ms = 100 + rng.below(window);
+        trials.push((
+            format!("SIGKILL after {ms} ms"),
+            Box::new(move |dir: &Path| kill_after(dir, slow, Duration::from_millis(ms))),
+        ));
+    }
+    trials.push((
+        "SIGKILL twice".into(),
+        Box::new(move |dir: &Path| {
+            assert!(kill_at_marker(dir, slow, "PHASE 0 TrainerState"));
+            assert!(kill_at_marker(dir, slow, "PHASE 2 Weights"));
+        }),
+    ));
+    let n = trials.len();
+    assert!(n >= 10);
+
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|scope| {
+        for _ in 0..2 {
+            scope.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    let Some((name, kill)) = trials.get(i) else {
+                        break;
+                    };
+                    let dir = root.path().join(format!("trial{i}"));
+                    prepare(&dir, &generator);
+                    kill(&dir);
+                    resume_and_check(&dir, &reference, name);
+                    println!("test sigkill_loop trial {i:2} ({name}) ... ok");
+                }
+            });
+        }
+    });
+    println!(
+        "\n({n} SIGKILL trials of the real loop, reference run {:.2}s, total {:.1}s)",
+        full.as_secs_f64(),
+        start.elapsed().as_secs_f64()
+    );
+}
