@@ -129,7 +129,10 @@ fn kill_after(dir: &Path, slow_ms: u64, delay: Duration) {
 }
 
 /// The deterministic part of every metrics record (timings dropped).
-fn metrics(dir: &Path) -> Vec<(u64, Vec<(String, Option<f64>)>)> {
+/// One metrics record: its step and its values.
+type Record = (u64, Vec<(String, Option<f64>)>);
+
+fn metrics(dir: &Path) -> Vec<Record> {
     read_jsonl(&dir.join("run").join("metrics.jsonl"))
         .unwrap()
         .into_iter()
