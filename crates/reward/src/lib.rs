@@ -42,7 +42,8 @@
 //! }
 //! let combination = Combination::new(["shapes"], [("shapes", 1.0)]).unwrap();
 //! match &combination.apply(&scores, &[0, 0]).unwrap().outcomes()[0] {
-//!     GroupOutcome::Scored(g) => assert_eq!(g.combined, vec![1.0, 0.5]),
+//!     // a blue circle for "a red circle": the circle is there, nothing else, the colour wrong
+//!     GroupOutcome::Scored(g) => assert_eq!(g.combined, vec![1.0, 2.0 / 3.0]),
 //!     GroupOutcome::Failed(f) => panic!("{f}"),
 //! }
 //! ```

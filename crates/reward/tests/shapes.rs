@@ -289,30 +289,32 @@ fn degraded_scenes_still_score() {
 #[test]
 fn partial_credit_per_constraint() {
     let o = RenderOptions::default();
-    // two red squares asked as two blue squares: objects yes, colour no, count of blue 0
+    // two red squares asked as two blue squares: objects yes, colour no, count of blue 0,
+    // nothing else drawn
     let j = judge(
         &spec("two blue squares"),
         &render(&spec("two red squares"), 1, &o).image,
     );
     assert_eq!(
         j.constraints.iter().map(|c| c.score).collect::<Vec<_>>(),
-        vec![1.0, 0.0, 0.0]
+        vec![1.0, 0.0, 0.0, 1.0]
     );
-    assert!((j.score - 1.0 / 3.0).abs() < 1e-12);
-    // three blue squares asked as two: both found and blue, count off by one
+    assert!((j.score - 2.0 / 4.0).abs() < 1e-12);
+    // three blue squares asked as two: both found and blue, count off by one, one extra
     let j = judge(
         &spec("two blue squares"),
         &render(&spec("three blue squares"), 2, &o).image,
     );
     assert_eq!(j.mean_of(ConstraintKind::Count), Some(0.5));
-    assert!((j.score - 2.5 / 3.0).abs() < 1e-12);
+    assert_eq!(j.mean_of(ConstraintKind::Exclusive), Some(2.0 / 3.0));
+    assert!((j.score - (2.5 + 2.0 / 3.0) / 4.0).abs() < 1e-12);
     // the relation reversed: every object right, the relation wrong
     let j = judge(
         &spec("a red circle left of a yellow triangle"),
         &render(&spec("a red circle right of a yellow triangle"), 3, &o).image,
     );
     assert_eq!(j.mean_of(ConstraintKind::Relation), Some(0.0));
-    assert!((j.score - 0.8).abs() < 1e-12, "{j:?}");
+    assert!((j.score - 5.0 / 6.0).abs() < 1e-12, "{j:?}");
     // colour attribution swapped: shapes right, colours wrong
     let j = judge(
         &spec("a red circle and a blue square"),
@@ -320,13 +322,21 @@ fn partial_credit_per_constraint() {
     );
     assert_eq!(j.mean_of(ConstraintKind::Object), Some(1.0));
     assert_eq!(j.mean_of(ConstraintKind::Colour), Some(0.0));
-    assert_eq!(j.score, 0.5);
+    assert!((j.score - 3.0 / 5.0).abs() < 1e-12, "{j:?}");
     // one object of two
     let j = judge(
         &spec("a circle and a square"),
         &render(&spec("a purple circle"), 5, &o).image,
     );
-    assert_eq!(j.score, 0.5);
+    assert!((j.score - 2.0 / 3.0).abs() < 1e-12, "{j:?}");
+    // the right object among others: everything asked is there, but not only that
+    let mut scene = render(&spec("a red circle and a blue square"), 7, &o).image;
+    let asked = judge(&spec("a red circle"), &scene);
+    assert_eq!(asked.mean_of(ConstraintKind::Object), Some(1.0));
+    assert_eq!(asked.mean_of(ConstraintKind::Exclusive), Some(0.5));
+    assert!((asked.score - 2.5 / 3.0).abs() < 1e-12, "{asked:?}");
+    scene = render(&spec("a red circle"), 7, &o).image;
+    assert_eq!(judge(&spec("a red circle"), &scene).score, 1.0);
     // the wrong shape entirely
     let j = judge(
         &spec("a red circle"),

@@ -47,6 +47,8 @@ pub enum ConstraintKind {
     Count,
     /// The spatial relation between subject and object.
     Relation,
+    /// Nothing else is drawn: the share of detections the prompt accounts for.
+    Exclusive,
 }
 
 impl ConstraintKind {
@@ -57,6 +59,7 @@ impl ConstraintKind {
             ConstraintKind::Colour => "shapes_colour",
             ConstraintKind::Count => "shapes_count",
             ConstraintKind::Relation => "shapes_relation",
+            ConstraintKind::Exclusive => "shapes_exclusive",
         }
     }
 }
@@ -435,6 +438,12 @@ fn relation_holds(relation: Relation, s: (f64, f64), o: (f64, f64), margin: (f64
 /// * `Count` (only if `n >= 2`): with `k` the number of detections of `g`'s shape (and colour,
 ///   if named), `max(0, 1 - |k - n| / n)`;
 ///
+/// and for every prompt:
+///
+/// * `Exclusive`: nothing else is drawn — (matched slots) / (detections), 0 for an empty
+///   image; without it a policy could satisfy `"a red circle"` by drawing every shape in
+///   every colour (a reward hack RL finds within a few updates);
+///
 /// and for a relation scene one more:
 ///
 /// * `Relation`: 1 if both objects are matched and the subject's centroid is beyond the
@@ -442,9 +451,9 @@ fn relation_holds(relation: Relation, s: (f64, f64), o: (f64, f64), margin: (f64
 ///   `x_object - x_subject > 0.1 W`; above: `y_object - y_subject > 0.1 H`; image `y` grows
 ///   down), else 0.
 ///
-/// **Score** = the mean of the constraint scores: 1 when everything asked is there, partial
-/// credit per constraint otherwise (e.g. `"two blue squares"` drawn as two red squares scores
-/// `(1 + 0 + 0) / 3`), 0 for an empty image.
+/// **Score** = the mean of the constraint scores: 1 when everything asked is there and
+/// nothing else, partial credit per constraint otherwise (e.g. `"two blue squares"` drawn as
+/// two red squares scores `(1 + 0 + 0 + 1) / 4`), 0 for an empty image.
 pub fn judge(spec: &SceneSpec, image: &RgbImage) -> Judgement {
     let detections = detect(image);
     let groups = spec.groups();
@@ -609,6 +618,17 @@ pub fn judge(spec: &SceneSpec, image: &RgbImage) -> Judgement {
             });
         }
     }
+    let matched_total = matching.iter().filter(|m| m.is_some()).count() as f64;
+    constraints.push(ConstraintResult {
+        kind: ConstraintKind::Exclusive,
+        group: 0,
+        description: format!("nothing else drawn ({} detections)", detections.len()),
+        score: if detections.is_empty() {
+            0.0
+        } else {
+            (matched_total / detections.len() as f64).min(1.0)
+        },
+    });
     if let Some(r) = relation {
         constraints.push(ConstraintResult {
             kind: ConstraintKind::Relation,
@@ -641,7 +661,8 @@ fn count_word(n: usize) -> &'static str {
 ///
 /// Components per sample: [`SHAPES_COMPONENT`] (`"shapes"`, the judgement's score) and the
 /// mean score of each constraint kind the prompt has (`"shapes_object"`, `"shapes_colour"`,
-/// `"shapes_count"`, `"shapes_relation"`; see [`ConstraintKind::component`]).
+/// `"shapes_count"`, `"shapes_relation"`, `"shapes_exclusive"`; see
+/// [`ConstraintKind::component`]).
 ///
 /// ```
 /// use reward::shapes::{render, RenderOptions, SceneSpec, ShapesScorer};
