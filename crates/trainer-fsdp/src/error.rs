@@ -119,6 +119,18 @@ pub enum TrainerError {
         problem: String,
     },
 
+    /// More distinct training prompts were asked for than the world has outside the held-out
+    /// set.
+    #[error(
+        "prompts_per_rollout = {requested}, but only {available} distinct prompts exist outside the held-out set"
+    )]
+    PromptPoolExhausted {
+        /// Prompts asked for.
+        requested: usize,
+        /// Distinct prompts available.
+        available: usize,
+    },
+
     /// A trained step index is outside the schedule.
     #[error("trained step {step} is outside a {steps}-step schedule")]
     TrainedStepOutOfRange {

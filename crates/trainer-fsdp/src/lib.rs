@@ -65,5 +65,6 @@ pub use rng::TrainerRng;
 pub use signal::StopFlag;
 pub use train::{
     AdamWOptimizer, PolicyOptimizer, SkipReason, StepReport, UpdateReport, advantage_metrics,
-    advantages, check_master_dtype, failure_messages, train_step,
+    advantages, autodiff_replicas, check_master_dtype, failure_messages, train_step,
+    train_step_threads,
 };

@@ -119,3 +119,53 @@ where
         log_probs,
     })
 }
+
+/// Concatenates the rollouts of consecutive chunks of one batch (same schedule and trained
+/// steps) along the batch dimension.
+///
+/// # Panics
+/// When `parts` is empty or the parts kept different latent steps (a programming error:
+/// chunks of one rollout share its trained steps).
+pub fn concat_rollouts<B: Backend>(parts: Vec<BatchRollout<B>>) -> BatchRollout<B> {
+    assert!(!parts.is_empty(), "no rollout chunks to concatenate");
+    let latent_steps = parts[0].latent_steps.clone();
+    assert!(
+        parts.iter().all(|p| p.latent_steps == latent_steps),
+        "chunks kept different latent steps"
+    );
+    if parts.len() == 1 {
+        return parts.into_iter().next().expect("one part");
+    }
+    let steps = parts[0].log_probs.len();
+    let n_latents = latent_steps.len();
+    let final_latents = Tensor::cat(parts.iter().map(|p| p.final_latents.clone()).collect(), 0);
+    let latents = (0..n_latents)
+        .map(|j| Tensor::cat(parts.iter().map(|p| p.latents[j].clone()).collect(), 0))
+        .collect();
+    let log_probs = (0..steps)
+        .map(|j| Tensor::cat(parts.iter().map(|p| p.log_probs[j].clone()).collect(), 0))
+        .collect();
+    BatchRollout {
+        final_latents,
+        latents,
+        latent_steps,
+        log_probs,
+    }
+}
+
+/// Splits `0..n` into at most `parts` contiguous, nearly equal, non-empty ranges.
+pub fn chunk_ranges(n: usize, parts: usize) -> Vec<std::ops::Range<usize>> {
+    let parts = parts.clamp(1, n.max(1));
+    let base = n / parts;
+    let extra = n % parts;
+    let mut out = Vec::with_capacity(parts);
+    let mut start = 0;
+    for i in 0..parts {
+        let len = base + usize::from(i < extra);
+        if len > 0 {
+            out.push(start..start + len);
+        }
+        start += len;
+    }
+    out
+}

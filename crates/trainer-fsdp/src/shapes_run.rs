@@ -47,13 +47,14 @@ use crate::monitor::{
     Metrics, Monitor, Progress, names, sample_grid, write_png, write_reward_curve,
 };
 use crate::rng::TrainerRng;
-use crate::rollout::{SamplerSpec, sample_batch};
+use crate::rollout::{BatchRollout, SamplerSpec, chunk_ranges, concat_rollouts, sample_batch};
 use crate::shapes_world::{
     ShapesGenerator, TOKEN_CHANNELS, TOKEN_GRID, image_shapes, tokens_to_images,
 };
 use crate::signal::StopFlag;
 use crate::train::{
-    AdamWOptimizer, PolicyOptimizer, UpdateReport, advantage_metrics, failure_messages, train_step,
+    AdamWOptimizer, PolicyOptimizer, UpdateReport, advantage_metrics, failure_messages,
+    train_step_threads,
 };
 
 /// The metric of the held-out evaluation's mean reward.
@@ -74,19 +75,49 @@ pub fn eval_prompts() -> Vec<String> {
 }
 
 /// `n` distinct training prompts for a rollout: categories in turn, scenes drawn from the
-/// rollout's stream, held-out prompts excluded.
-pub fn train_prompts(rng: &mut TrainerRng, n: usize, held_out: &[String]) -> Vec<String> {
+/// rollout's stream, held-out prompts excluded. A category whose scenes are all used (single
+/// objects: three shapes, some of them held out) is passed over.
+///
+/// # Errors
+/// [`TrainerError::PromptPoolExhausted`] when fewer than `n` distinct prompts exist outside
+/// the held-out set.
+pub fn train_prompts(
+    rng: &mut TrainerRng,
+    n: usize,
+    held_out: &[String],
+) -> Result<Vec<String>, TrainerError> {
+    let pools: Vec<Vec<String>> = Category::ALL
+        .iter()
+        .map(|&c| {
+            SceneSpec::all(c)
+                .iter()
+                .map(SceneSpec::prompt)
+                .filter(|p| !held_out.contains(p))
+                .collect()
+        })
+        .collect();
+    let available: usize = pools.iter().map(Vec::len).sum();
+    if n > available {
+        return Err(TrainerError::PromptPoolExhausted {
+            requested: n,
+            available,
+        });
+    }
     let mut out: Vec<String> = Vec::with_capacity(n);
     let mut k = rng.below(Category::ALL.len() as u64) as usize;
     while out.len() < n {
-        let category = Category::ALL[k % Category::ALL.len()];
-        let p = SceneSpec::sample(category, rng.next_u64()).prompt();
+        let c = k % Category::ALL.len();
+        if pools[c].iter().all(|p| out.contains(p)) {
+            k += 1;
+            continue;
+        }
+        let p = SceneSpec::sample(Category::ALL[c], rng.next_u64()).prompt();
         if !held_out.contains(&p) && !out.contains(&p) {
             out.push(p);
             k += 1;
         }
     }
-    out
+    Ok(out)
 }
 
 /// One rollout, held in memory for scoring and replay.
@@ -167,6 +198,7 @@ pub struct ShapesWorldRun<B: AutodiffBackend> {
     run_dir: PathBuf,
     held_out: Vec<String>,
     weight_hash: Digest,
+    host_threads: usize,
 }
 
 impl<B: AutodiffBackend> ShapesWorldRun<B> {
@@ -272,6 +304,7 @@ impl<B: AutodiffBackend> ShapesWorldRun<B> {
             run_dir: run_dir.to_path_buf(),
             held_out: eval_prompts(),
             weight_hash,
+            host_threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
         })
     }
 
@@ -355,16 +388,24 @@ impl<B: AutodiffBackend> ShapesWorldRun<B> {
             .flat_map(|p| std::iter::repeat_n(p, g))
             .collect();
         let cond = model.conditioning(&all_prompts, dev)?;
-        let n = ids.len();
-        let out = sample_batch(&model, &cond, x_t, &self.spec, &trained, |step| {
-            let v: Vec<f32> = (0..n)
-                .flat_map(|i| seeds.noise(i, step, &latent_shape))
-                .collect();
-            Ok(Tensor::from_data(
-                TensorData::new(v, [n, latent_shape[0], latent_shape[1]]),
-                dev,
-            ))
-        })?;
+        let out = sample_in_chunks(
+            &model,
+            &cond,
+            x_t,
+            &self.spec,
+            &trained,
+            self.host_threads,
+            |step, rows| {
+                let n = rows.len();
+                let v: Vec<f32> = rows
+                    .flat_map(|i| seeds.noise(i, step, &latent_shape))
+                    .collect();
+                Ok(Tensor::from_data(
+                    TensorData::new(v, [n, latent_shape[0], latent_shape[1]]),
+                    dev,
+                ))
+            },
+        )?;
         let images = tokens_to_images(out.final_latents.clone())?;
 
         // one sidecar per group (text states stored exactly, at f32)
@@ -510,9 +551,30 @@ impl<B: AutodiffBackend> ShapesWorldRun<B> {
         // forward without autodiff) are compared with it as `logp_parity`.
         let mut recorder = flow_grpo::AnchorRecorder::new(plan);
         let mut rollout_lp = Vec::new();
-        for mb in plan.micro_batches() {
-            let lp = replay(self.model(), &self.spec, batch, mb.clone(), &dev)?.detach();
-            recorder.record(mb.clone(), lp)?;
+        let micro: Vec<Range<usize>> = plan.micro_batches().cloned().collect();
+        let threads = self.host_threads.clamp(1, micro.len().max(1));
+        let replicas = crate::train::autodiff_replicas(self.model(), threads);
+        for wave in micro.chunks(threads) {
+            let spec = &self.spec;
+            let lps: Vec<Result<Tensor<B, 2>, TrainerError>> = std::thread::scope(|scope| {
+                let handles: Vec<_> = wave
+                    .iter()
+                    .zip(&replicas)
+                    .map(|(mb, model)| {
+                        let dev = dev.clone();
+                        scope.spawn(move || {
+                            Ok(replay(model, spec, batch, mb.clone(), &dev)?.detach())
+                        })
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+                    .collect()
+            });
+            for (mb, lp) in wave.iter().zip(lps) {
+                recorder.record(mb.clone(), lp?)?;
+            }
         }
         for traj in &batch.trajectories {
             rollout_lp.extend(traj.tracks.log_probs.iter().map(|v| f64::from(*v)));
@@ -532,11 +594,12 @@ impl<B: AutodiffBackend> ShapesWorldRun<B> {
         let mut reports = Vec::with_capacity(plan.updates.len());
         for update in &plan.updates {
             let model = self.model.take().expect("model present");
-            let (model, report) = train_step(
+            let (model, report) = train_step_threads(
                 model,
                 &mut self.optimizer,
                 update,
                 degenerate,
+                self.host_threads,
                 |m: &Policy<B>, samples: Range<usize>| -> Result<ClipLoss<B>, TrainerError> {
                     let lp = replay(m, &spec, batch, samples.clone(), &dev)?;
                     let idx: Vec<usize> = samples.clone().collect();
@@ -651,7 +714,7 @@ impl<B: AutodiffBackend> ShapesWorldRun<B> {
                 &mut self.rng,
                 self.cfg.grpo.prompts_per_rollout,
                 &self.held_out,
-            );
+            )?;
             let batch = self.rollout(id, &prompts)?;
             let t_rollout = t0.elapsed().as_secs_f64();
             let t1 = Instant::now();
@@ -783,9 +846,16 @@ pub fn evaluate_prompts<Bi: Backend>(
     .generate()
     .to_tensor::<Bi, 3>(device)?;
     let cond = model.conditioning(&all, device)?;
-    let out = sample_batch(model, &cond, x_t, spec, &SdeSteps::new([]), |step| {
-        Err(TrainerError::TrainedStepOutOfRange { step, steps: 0 })
-    })?;
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let out = sample_in_chunks(
+        model,
+        &cond,
+        x_t,
+        spec,
+        &SdeSteps::new([]),
+        threads,
+        |step, _| Err(TrainerError::TrainedStepOutOfRange { step, steps: 0 }),
+    )?;
     let images = tokens_to_images(out.final_latents)?;
     let mut by: BTreeMap<&'static str, (f64, usize)> = BTreeMap::new();
     let mut total = 0.0;
@@ -854,6 +924,65 @@ pub fn replay<Bx: Backend>(
         .map(|v| Tensor::cat(v, 0).unsqueeze_dim(1))
         .collect();
     Ok(Tensor::cat(cols, 1))
+}
+
+/// Samples a batch in `threads` chunks side by side (at these sizes the CPU backend runs one
+/// forward on about one core). `noise(step, rows)` gives the noise of rows `rows` of the batch
+/// at a trained step. Each sample's noise depends on its own rows only and the chunks take
+/// slices of the one conditioning, so the result is the batch's whatever the chunking.
+///
+/// # Errors
+/// The first chunk's error.
+pub fn sample_in_chunks<Bx, F>(
+    model: &ShapesGenerator<Bx>,
+    cond: &QwenImageConditioning<Bx>,
+    x_t: Tensor<Bx, 3>,
+    spec: &SamplerSpec,
+    trained: &SdeSteps,
+    threads: usize,
+    noise: F,
+) -> Result<BatchRollout<Bx>, TrainerError>
+where
+    Bx: Backend,
+    F: Fn(usize, Range<usize>) -> Result<Tensor<Bx, 3>, TrainerError> + Sync,
+{
+    let ranges = chunk_ranges(x_t.dims()[0], threads);
+    let noise = &noise;
+    let parts: Vec<Result<BatchRollout<Bx>, TrainerError>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = ranges
+            .iter()
+            .map(|r| {
+                let r = r.clone();
+                let x = x_t.clone().slice([r.clone()]);
+                let c = slice_conditioning(cond, r.clone());
+                scope.spawn(move || {
+                    sample_batch(model, &c, x, spec, trained, |step| noise(step, r.clone()))
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+            .collect()
+    });
+    Ok(concat_rollouts(
+        parts.into_iter().collect::<Result<Vec<_>, _>>()?,
+    ))
+}
+
+/// Rows `range` of a batch's conditioning.
+fn slice_conditioning<Bx: Backend>(
+    cond: &QwenImageConditioning<Bx>,
+    range: Range<usize>,
+) -> QwenImageConditioning<Bx> {
+    QwenImageConditioning {
+        encoder_hidden_states: cond.encoder_hidden_states.clone().slice([range.clone()]),
+        encoder_hidden_states_mask: cond
+            .encoder_hidden_states_mask
+            .clone()
+            .map(|m| m.slice([range])),
+        img_shapes: cond.img_shapes.clone(),
+    }
 }
 
 /// The frozen conditioning of a group, repeated for `n` candidates.

@@ -24,8 +24,8 @@ use burn::optim::{AdamW, GradientsAccumulator, GradientsParams, Optimizer};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{DType, ElementConversion, Tensor};
 use flow_grpo::{
-    AdvantageConfig, Advantages, ClipLoss, PlannedUpdate, PromptStatTracker, RewardGroup,
-    compute_advantages,
+    AdvantageConfig, Advantages, ClipDiagnostics, ClipLoss, PlannedUpdate, PromptStatTracker,
+    RewardGroup, compute_advantages,
 };
 
 use crate::checkpoint::TrainerState;
@@ -495,44 +495,188 @@ where
             },
         ));
     }
+    let mut tally = UpdateTally::default();
     let mut accumulator = GradientsAccumulator::<M>::new();
-    let (mut loss, mut elements) = (0.0f64, 0usize);
-    let (mut sum_r, mut sum_r2, mut kl, mut clipped) = (0.0f64, 0.0f64, 0.0f64, 0.0f64);
-    let (mut rmin, mut rmax) = (f64::INFINITY, f64::NEG_INFINITY);
     for (i, mb) in update.micro_batches.iter().enumerate() {
-        let out = loss_fn(&model, mb.clone())?;
-        let w = update.micro_batch_weight(i);
-        let d = out.diagnostics;
-        let e = d.elements as f64;
-        loss += w * out.loss.clone().into_scalar().elem::<f64>();
-        elements += d.elements;
-        sum_r += e * d.ratio_mean;
-        sum_r2 += e * (d.ratio_std * d.ratio_std + d.ratio_mean * d.ratio_mean);
-        kl += e * d.approx_kl;
-        clipped += e * d.clip_fraction;
-        rmin = rmin.min(d.ratio_min);
-        rmax = rmax.max(d.ratio_max);
-        let grads = out.loss.mul_scalar(w).backward();
-        accumulator.accumulate::<B>(&model, GradientsParams::from_grads(grads, &model));
+        let (d, loss, grads) = micro_batch_grads(&model, update, i, mb.clone(), &mut loss_fn)?;
+        tally.add(&d, loss);
+        accumulator.accumulate::<B>(&model, grads);
     }
+    finish_update(model, optimizer, update, accumulator, tally, start)
+}
+
+/// [`train_step`] with up to `threads` micro-batches forwarded and back-propagated side by
+/// side (on a CPU backend one small forward keeps about one core busy). The gradients are
+/// summed in micro-batch order whatever the threads' timing, so the step is the sequential
+/// one's bit for bit; `threads <= 1` is [`train_step`].
+///
+/// # Errors
+/// As [`train_step`]; the error of the first failing micro-batch (in plan order).
+///
+/// # Panics
+/// Re-raises a panic of a worker thread.
+pub fn train_step_threads<B, M, O, F>(
+    model: M,
+    optimizer: &mut PolicyOptimizer<B, M, O>,
+    update: &PlannedUpdate,
+    degenerate: bool,
+    threads: usize,
+    loss_fn: F,
+) -> Result<(M, UpdateReport), TrainerError>
+where
+    B: AutodiffBackend,
+    M: AutodiffModule<B> + Sync,
+    O: Optimizer<M, B>,
+    F: Fn(&M, Range<usize>) -> Result<ClipLoss<B>, TrainerError> + Sync,
+{
+    if threads <= 1 || degenerate || update.micro_batches.len() <= 1 {
+        return train_step(model, optimizer, update, degenerate, &loss_fn);
+    }
+    let start = Instant::now();
+    let mut tally = UpdateTally::default();
+    let mut accumulator = GradientsAccumulator::<M>::new();
+    let indexed: Vec<(usize, Range<usize>)> =
+        update.micro_batches.iter().cloned().enumerate().collect();
+    let replicas = autodiff_replicas(&model, threads.min(indexed.len()));
+    for wave in indexed.chunks(threads) {
+        let results: Vec<_> = std::thread::scope(|scope| {
+            let handles: Vec<_> = wave
+                .iter()
+                .zip(&replicas)
+                .map(|((i, mb), model)| {
+                    let loss_fn = &loss_fn;
+                    scope.spawn(move || {
+                        micro_batch_grads(
+                            model,
+                            update,
+                            *i,
+                            mb.clone(),
+                            &mut |m: &M, s: Range<usize>| loss_fn(m, s),
+                        )
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+                .collect()
+        });
+        for r in results {
+            let (d, loss, grads) = r?;
+            tally.add(&d, loss);
+            accumulator.accumulate::<B>(&model, grads);
+        }
+    }
+    finish_update(model, optimizer, update, accumulator, tally, start)
+}
+
+/// `n` copies of `model` for worker threads: the same values and parameter ids (so their
+/// gradients accumulate into `model`'s), but fresh autodiff nodes. burn 0.21's autodiff merges
+/// the graphs of tensors that share a node into one, and a backward on such a merged graph
+/// racing a forward of another thread deadlocks (the graph lock and the global locator lock
+/// are taken in opposite orders); graphs that share no node never meet.
+pub fn autodiff_replicas<B: AutodiffBackend, M: AutodiffModule<B>>(model: &M, n: usize) -> Vec<M> {
+    (0..n).map(|_| M::from_inner(model.valid())).collect()
+}
+
+/// The weighted loss, diagnostics and gradients of micro-batch `i` of an update.
+fn micro_batch_grads<B, M, F>(
+    model: &M,
+    update: &PlannedUpdate,
+    i: usize,
+    mb: Range<usize>,
+    loss_fn: &mut F,
+) -> Result<(ClipDiagnostics, f64, GradientsParams), TrainerError>
+where
+    B: AutodiffBackend,
+    M: AutodiffModule<B>,
+    F: FnMut(&M, Range<usize>) -> Result<ClipLoss<B>, TrainerError>,
+{
+    let out = loss_fn(model, mb)?;
+    let w = update.micro_batch_weight(i);
+    let loss = w * out.loss.clone().into_scalar().elem::<f64>();
+    let grads = out.loss.mul_scalar(w).backward();
+    Ok((
+        out.diagnostics,
+        loss,
+        GradientsParams::from_grads(grads, model),
+    ))
+}
+
+/// Running sums of an update's diagnostics over its micro-batches.
+#[derive(Debug)]
+struct UpdateTally {
+    loss: f64,
+    elements: usize,
+    sum_r: f64,
+    sum_r2: f64,
+    kl: f64,
+    clipped: f64,
+    rmin: f64,
+    rmax: f64,
+}
+
+impl Default for UpdateTally {
+    fn default() -> Self {
+        Self {
+            loss: 0.0,
+            elements: 0,
+            sum_r: 0.0,
+            sum_r2: 0.0,
+            kl: 0.0,
+            clipped: 0.0,
+            rmin: f64::INFINITY,
+            rmax: f64::NEG_INFINITY,
+        }
+    }
+}
+
+impl UpdateTally {
+    fn add(&mut self, d: &ClipDiagnostics, weighted_loss: f64) {
+        let e = d.elements as f64;
+        self.loss += weighted_loss;
+        self.elements += d.elements;
+        self.sum_r += e * d.ratio_mean;
+        self.sum_r2 += e * (d.ratio_std * d.ratio_std + d.ratio_mean * d.ratio_mean);
+        self.kl += e * d.approx_kl;
+        self.clipped += e * d.clip_fraction;
+        self.rmin = self.rmin.min(d.ratio_min);
+        self.rmax = self.rmax.max(d.ratio_max);
+    }
+}
+
+/// The optimizer step on the accumulated gradients and the update's report.
+fn finish_update<B, M, O>(
+    model: M,
+    optimizer: &mut PolicyOptimizer<B, M, O>,
+    update: &PlannedUpdate,
+    mut accumulator: GradientsAccumulator<M>,
+    t: UpdateTally,
+    start: Instant,
+) -> Result<(M, UpdateReport), TrainerError>
+where
+    B: AutodiffBackend,
+    M: AutodiffModule<B>,
+    O: Optimizer<M, B>,
+{
     let (model, step) = optimizer.step(model, accumulator.grads(), None)?;
-    let n = elements.max(1) as f64;
-    let mean = sum_r / n;
+    let n = t.elements.max(1) as f64;
+    let mean = t.sum_r / n;
     Ok((
         model,
         UpdateReport {
             update_index: update.index,
-            loss,
+            loss: t.loss,
             ratio_mean: mean,
-            ratio_std: (sum_r2 / n - mean * mean).max(0.0).sqrt(),
-            ratio_min: rmin,
-            ratio_max: rmax,
-            clip_fraction: clipped / n,
-            approx_kl: kl / n,
+            ratio_std: (t.sum_r2 / n - mean * mean).max(0.0).sqrt(),
+            ratio_min: t.rmin,
+            ratio_max: t.rmax,
+            clip_fraction: t.clipped / n,
+            approx_kl: t.kl / n,
             step,
-            num_microbatches,
+            num_microbatches: update.micro_batches.len(),
             samples: update.samples.len(),
-            transitions: elements,
+            transitions: t.elements,
             seconds: start.elapsed().as_secs_f64(),
         },
     ))

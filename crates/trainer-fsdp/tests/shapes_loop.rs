@@ -34,7 +34,7 @@ fn one_full_iteration_end_to_end() {
     let root = tempfile::tempdir().unwrap();
     tiny_generator(&root.path().join("generator"));
     let mut run = start(root.path(), 1, &[]).with_scorer(Box::new(Brightness));
-    let prompts = train_prompts(&mut TrainerRng::seeded(3), 2, &eval_prompts());
+    let prompts = train_prompts(&mut TrainerRng::seeded(3), 2, &eval_prompts()).unwrap();
 
     // rollout: one sidecar per group, one PNG per candidate, read back validated
     let batch = run.rollout(0, &prompts).unwrap();
@@ -242,4 +242,96 @@ fn a_qwen_image_directory_is_refused_with_what_is_missing() {
     assert!(matches!(err, TrainerError::GeneratorUnsupported { .. }));
     let msg = err.to_string();
     assert!(msg.contains("text encoder") && msg.contains("VAE"), "{msg}");
+}
+
+/// Sampling a batch in chunks on several threads gives the batch's result bit for bit.
+#[test]
+fn chunked_sampling_equals_one_batch() {
+    use trainer_fsdp::rollout::SamplerSpec;
+    use trainer_fsdp::shapes_run::sample_in_chunks;
+    let root = tempfile::tempdir().unwrap();
+    tiny_generator(&root.path().join("generator"));
+    let dev = Default::default();
+    let model = trainer_fsdp::shapes_world::ShapesGenerator::<Flex>::load(
+        &root.path().join("generator"),
+        &dev,
+    )
+    .unwrap();
+    let prompts: Vec<String> = eval_prompts().into_iter().take(5).collect();
+    let cond = model.conditioning(&prompts, &dev).unwrap();
+    let mut g = 1u64;
+    let mut normal = |n: usize| -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                g = g
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((g >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect()
+    };
+    let shape = [5, 64, 48];
+    let x = burn::tensor::Tensor::<Flex, 3>::from_data(
+        burn::tensor::TensorData::new(normal(5 * 64 * 48), shape),
+        &dev,
+    );
+    let step_noise = normal(5 * 64 * 48);
+    let spec = SamplerSpec {
+        sigmas: vec![1.0, 0.75, 0.5, 0.25, 0.0],
+        kernel: sde_math::Kernel::flow_sde(0.7).unwrap(),
+        solver: sde_math::solvers::OdeSolver::Euler,
+        storage: sde_math::StorageDtype::Bf16,
+    };
+    let trained = schedule::SdeSteps::new([1, 2]);
+    let run = |threads| {
+        sample_in_chunks(
+            &model,
+            &cond,
+            x.clone(),
+            &spec,
+            &trained,
+            threads,
+            |_, rows| {
+                let per = 64 * 48;
+                let v = step_noise[rows.start * per..rows.end * per].to_vec();
+                Ok(burn::tensor::Tensor::from_data(
+                    burn::tensor::TensorData::new(v, [rows.len(), 64, 48]),
+                    &dev,
+                ))
+            },
+        )
+        .unwrap()
+    };
+    let (one, two, three) = (run(1), run(2), run(3));
+    for other in [&two, &three] {
+        assert_eq!(one.final_latents.to_data(), other.final_latents.to_data());
+        for (a, b) in one.log_probs.iter().zip(&other.log_probs) {
+            assert_eq!(a.to_data(), b.to_data());
+        }
+    }
+}
+
+#[test]
+fn training_prompts_are_distinct_held_out_free_and_bounded() {
+    let held_out = eval_prompts();
+    // more prompts than the single-object category has outside the held-out set (three
+    // shapes): that category is passed over instead of looping forever
+    for n in [1, 6, 8, 24, 64] {
+        let prompts = train_prompts(&mut TrainerRng::seeded(n as u64), n, &held_out).unwrap();
+        assert_eq!(prompts.len(), n);
+        let distinct: std::collections::BTreeSet<&String> = prompts.iter().collect();
+        assert_eq!(distinct.len(), n, "{prompts:?}");
+        assert!(prompts.iter().all(|p| !held_out.contains(p)), "{prompts:?}");
+    }
+    let err = train_prompts(&mut TrainerRng::seeded(0), 100_000, &held_out).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            trainer_fsdp::TrainerError::PromptPoolExhausted {
+                requested: 100_000,
+                ..
+            }
+        ),
+        "{err}"
+    );
 }

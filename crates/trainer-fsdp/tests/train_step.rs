@@ -12,7 +12,7 @@ use common::*;
 use flow_grpo::{ClipDiagnostics, ClipLoss, plan_updates};
 use trainer_fsdp::{
     AdamWSettings, LrSchedule, MasterDtype, PolicyOptimizer, SkipReason, TrainerError, TrainerRng,
-    advantage_metrics, advantages, names, train_step,
+    advantage_metrics, advantages, names, train_step, train_step_threads,
 };
 
 fn setup(seed: u64) -> (Policy<AD>, Rollout, flow_grpo::Advantages) {
@@ -108,6 +108,97 @@ fn micro_batches_accumulate_to_the_gradient_of_the_whole_update() {
     for (x, y) in wa.iter().zip(&wb) {
         assert!((x - y).abs() <= 1e-5 * y.abs().max(1.0), "{x} vs {y}");
     }
+}
+
+#[test]
+fn threaded_micro_batches_step_exactly_like_sequential_ones() {
+    let (model, r, adv) = setup(6);
+    let plan = plan_updates(8, 2, 1).unwrap();
+    let anchor = anchor(&model, &r, &plan);
+    let run = |threads: usize| {
+        let mut opt = optimizer();
+        let mut m = model.clone();
+        let mut reports = Vec::new();
+        for update in &plan.updates {
+            let (next, report) =
+                train_step_threads(m, &mut opt, update, false, threads, |m, mb| {
+                    loss(m, &r, &anchor, &adv, mb)
+                })
+                .unwrap();
+            m = next;
+            reports.push(report);
+        }
+        (param_bytes(&m), reports)
+    };
+    let (seq, rs) = run(1);
+    for threads in [2, 3, 8] {
+        let (par, rp) = run(threads);
+        assert_eq!(
+            par, seq,
+            "{threads} threads: the weights differ from the sequential step"
+        );
+        for (a, b) in rs.iter().zip(&rp) {
+            assert_eq!(a.num_microbatches, 4);
+            assert_eq!(a.loss.to_bits(), b.loss.to_bits());
+            assert_eq!(a.ratio_max.to_bits(), b.ratio_max.to_bits());
+            assert_eq!(
+                a.step.clip.unwrap().total_norm.to_bits(),
+                b.step.clip.unwrap().total_norm.to_bits()
+            );
+        }
+    }
+    assert_ne!(seq, param_bytes(&model), "the steps moved the weights");
+}
+
+/// burn 0.21's autodiff deadlocks when one thread's backward races another's forward over a
+/// shared graph; the threaded step works on replicas with their own graphs. Many threaded
+/// updates in a row, under a watchdog.
+#[test]
+fn threaded_steps_do_not_deadlock() {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let (model, r, adv) = setup(8);
+        let plan = plan_updates(8, 1, 1).unwrap();
+        let anchor = anchor(&model, &r, &plan);
+        let mut opt = optimizer();
+        let mut m = model;
+        for _ in 0..200 {
+            let (next, _) = train_step_threads(m, &mut opt, &plan.updates[0], false, 4, |m, mb| {
+                loss(m, &r, &anchor, &adv, mb)
+            })
+            .unwrap();
+            m = next;
+        }
+        tx.send(opt.optimizer_steps()).unwrap();
+    });
+    let steps = rx
+        .recv_timeout(std::time::Duration::from_secs(120))
+        .expect("200 threaded updates did not finish in 120 s: deadlock");
+    assert_eq!(steps, 200);
+}
+
+#[test]
+fn a_failing_micro_batch_fails_the_threaded_step() {
+    let (model, r, adv) = setup(7);
+    let plan = plan_updates(8, 2, 1).unwrap();
+    let anchor = anchor(&model, &r, &plan);
+    let mut opt = optimizer();
+    let err = train_step_threads(model, &mut opt, &plan.updates[0], false, 2, |m, mb| {
+        if mb.start == 1 {
+            return Err(TrainerError::TrainedStepOutOfRange { step: 99, steps: 3 });
+        }
+        loss(m, &r, &anchor, &adv, mb)
+    })
+    .unwrap_err();
+    assert!(
+        matches!(err, TrainerError::TrainedStepOutOfRange { step: 99, .. }),
+        "{err}"
+    );
+    assert_eq!(
+        opt.optimizer_steps(),
+        0,
+        "no step after a failed micro-batch"
+    );
 }
 
 #[test]
