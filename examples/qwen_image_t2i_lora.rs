@@ -51,8 +51,9 @@ struct Args {
     /// Continue from the last committed checkpoint.
     #[arg(long)]
     resume: bool,
-    /// Where the run writes its config, metrics and sample grids (default: next to the
-    /// checkpoints, `<checkpoint.dir>/..`).
+    /// Where the run writes everything: config, metrics, sample grids, `checkpoints/` and
+    /// `artifacts/` (default: `<checkpoint.dir>/..`, `runs/shapes-world-lora` for the
+    /// embedded default).
     #[arg(long)]
     run_dir: Option<PathBuf>,
     /// Backend: cpu, cuda or wgpu (GPU backends need the matching cargo feature).
@@ -62,7 +63,16 @@ struct Args {
 
 fn main() -> Result<()> {
     let args = Args::parse();
-    let mut overrides = Override::parse_all(&args.overrides)?;
+    let mut overrides = Vec::new();
+    if let Some(dir) = &args.run_dir {
+        // the run directory holds everything of the run; explicit --set keys still win
+        let dir = dir.display();
+        overrides.push(Override::parse(&format!(
+            "checkpoint.dir={dir}/checkpoints"
+        ))?);
+        overrides.push(Override::parse(&format!("artifacts.root={dir}/artifacts"))?);
+    }
+    overrides.extend(Override::parse_all(&args.overrides)?);
     if args.resume {
         overrides.push(Override::parse("checkpoint.resume=true")?);
     }

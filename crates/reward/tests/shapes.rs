@@ -449,3 +449,57 @@ fn larger_renders_are_judged_the_same_way() {
         assert_eq!(j.score, 1.0, "{p}: {j:?}");
     }
 }
+
+/// Stray paint that forms no object (specks below the detector's size floor) is not free: it
+/// lowers `Exclusive` in proportion to its share of the painted pixels.
+#[test]
+fn stray_paint_lowers_exclusive() {
+    let o = RenderOptions::default();
+    let asked = spec("a red circle");
+    let clean = render(&asked, 7, &o).image;
+    assert_eq!(judge(&asked, &clean).score, 1.0);
+    let (_, paint) = shapes::detect_with_paint(&clean);
+    assert_eq!(paint.clean_fraction(), 1.0);
+
+    // 2x2 blue specks on a coarse lattice, away from the circle
+    let mut speckled = clean.clone();
+    let n = IMAGE_SIZE;
+    let mut specks = 0;
+    for y in (1..n - 2).step_by(6) {
+        for x in (1..n - 2).step_by(6) {
+            let free = (0..2).all(|d| {
+                (0..2).all(|e| {
+                    speckled.pixel(x + d, y + e) == BACKGROUND && {
+                        let (xx, yy) = (x + d, y + e);
+                        (xx.saturating_sub(1)..=xx + 1).all(|a| {
+                            (yy.saturating_sub(1)..=yy + 1).all(|b| clean.pixel(a, b) == BACKGROUND)
+                        })
+                    }
+                })
+            });
+            if free {
+                for d in 0..2 {
+                    for e in 0..2 {
+                        speckled.set_pixel(x + d, y + e, Colour::Blue.rgb());
+                    }
+                }
+                specks += 1;
+            }
+        }
+    }
+    assert!(specks >= 10, "{specks} specks");
+    let j = judge(&asked, &speckled);
+    assert_eq!(
+        j.detections.len(),
+        1,
+        "specks are not objects: {:?}",
+        j.detections
+    );
+    assert_eq!(j.mean_of(ConstraintKind::Object), Some(1.0));
+    let (_, paint) = shapes::detect_with_paint(&speckled);
+    assert_eq!(paint.painted - paint.in_objects, 4 * specks);
+    let expected = (paint.clean_fraction() / 0.95).min(1.0);
+    assert!(expected < 0.9, "{paint:?}");
+    assert_eq!(j.mean_of(ConstraintKind::Exclusive), Some(expected));
+    assert!(j.score < 1.0 && j.score > 0.5, "{j:?}");
+}

@@ -151,6 +151,8 @@ pub struct EvalReport {
     pub by_category: BTreeMap<&'static str, f64>,
     /// The images (first sample of each prompt), for the grid.
     pub images: Vec<RgbImage>,
+    /// Wall-clock seconds of the evaluation (sampling, scoring, the grid).
+    pub seconds: f64,
 }
 
 /// What [`ShapesWorldRun::train`] did.
@@ -626,6 +628,7 @@ impl<B: AutodiffBackend> ShapesWorldRun<B> {
     /// # Errors
     /// Sampling, scoring and PNG errors.
     pub fn evaluate(&self, tag: &str) -> Result<EvalReport, TrainerError> {
+        let start = Instant::now();
         let model = self.model().valid();
         let k = self.cfg.eval.samples_per_prompt.max(1);
         let (images, report) = evaluate_prompts(
@@ -654,6 +657,7 @@ impl<B: AutodiffBackend> ShapesWorldRun<B> {
         write_png(&dir.join(format!("eval_{tag}.png")), &grid)?;
         Ok(EvalReport {
             images: firsts,
+            seconds: start.elapsed().as_secs_f64(),
             ..report
         })
     }
@@ -756,6 +760,7 @@ impl<B: AutodiffBackend> ShapesWorldRun<B> {
                 let e = self.evaluate(&format!("rollout_{:04}", self.next_rollout))?;
                 self.print_eval(&format!("after rollout {id}"), &e);
                 metrics.insert(EVAL_REWARD.into(), e.reward);
+                metrics.insert(names::phase_time("eval"), e.seconds);
                 summary.final_eval = Some(e.reward);
             }
             self.monitor.log(id, &metrics)?;
@@ -811,9 +816,10 @@ impl<B: AutodiffBackend> ShapesWorldRun<B> {
             .map(|(k, v)| format!("{k} {v:.2}"))
             .collect();
         println!(
-            "held-out eval {when}: {:.3} ({})",
+            "held-out eval {when}: {:.3} ({})  {:.1}s",
             e.reward,
-            cats.join(", ")
+            cats.join(", "),
+            e.seconds
         );
     }
 }
@@ -832,6 +838,7 @@ pub fn evaluate_prompts<Bi: Backend>(
     seed: u64,
     device: &Bi::Device,
 ) -> Result<(Vec<RgbImage>, EvalReport), TrainerError> {
+    let start = Instant::now();
     let k = samples_per_prompt.max(1);
     let all: Vec<&String> = prompts
         .iter()
@@ -874,6 +881,7 @@ pub fn evaluate_prompts<Bi: Backend>(
             .map(|(c, (s, n))| (c, s / n as f64))
             .collect(),
         images: Vec::new(),
+        seconds: start.elapsed().as_secs_f64(),
     };
     Ok((images, report))
 }

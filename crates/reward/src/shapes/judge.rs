@@ -156,6 +156,10 @@ const MIN_AREA_FRACTION: f64 = 0.008;
 /// smear).
 const MIN_FIT: f64 = 0.5;
 
+/// Stray paint up to this share of the painted pixels is free in the `Exclusive` constraint
+/// (an object's noisy or blurred edge leaves a few pixels of another colour).
+const CLEAN_TOLERANCE: f64 = 0.95;
+
 /// Finds the objects of an image.
 ///
 /// 1. Every pixel is explained as a blend `BACKGROUND + alpha * (c - BACKGROUND)` of the
@@ -178,6 +182,32 @@ const MIN_FIT: f64 = 0.5;
 ///
 /// Detections are returned largest first.
 pub fn detect(image: &RgbImage) -> Vec<Detection> {
+    detect_with_paint(image).0
+}
+
+/// How much of an image is painted, and how much of that the detected objects account for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Paint {
+    /// Pixels that take a palette colour (step 1 of [`detect`]).
+    pub painted: usize,
+    /// Of those, the pixels of the detected objects' components (holes not counted).
+    pub in_objects: usize,
+}
+
+impl Paint {
+    /// `in_objects / painted`: 1 for an image of clean objects, lower for stray paint
+    /// (specks, fragments, smears that fit no shape); 0 for an empty image.
+    pub fn clean_fraction(&self) -> f64 {
+        if self.painted == 0 {
+            0.0
+        } else {
+            self.in_objects as f64 / self.painted as f64
+        }
+    }
+}
+
+/// [`detect`], and the [`Paint`] of the image.
+pub fn detect_with_paint(image: &RgbImage) -> (Vec<Detection>, Paint) {
     let (w, h) = (image.width(), image.height());
     let px = classify(image);
     let labels = &px.labels;
@@ -185,6 +215,7 @@ pub fn detect(image: &RgbImage) -> Vec<Detection> {
     let mut seen = vec![false; w * h];
     let mut out = Vec::new();
     let mut stack = Vec::new();
+    let mut in_objects = 0usize;
     for start in 0..w * h {
         if seen[start] || labels[start] == 0 {
             continue;
@@ -220,11 +251,19 @@ pub fn detect(image: &RgbImage) -> Vec<Detection> {
         }
         let d = describe(&pixels, &px, w, h, label as usize - 1);
         if d.fit >= MIN_FIT {
+            in_objects += pixels.len();
             out.push(d);
         }
     }
     out.sort_by(|a, b| b.area.cmp(&a.area).then(a.bbox.cmp(&b.bbox)));
-    out
+    let painted = labels.iter().filter(|&&l| l != 0).count();
+    (
+        out,
+        Paint {
+            painted,
+            in_objects,
+        },
+    )
 }
 
 /// A 3x3 binomial blur (`[1 2 1] x [1 2 1] / 16`, zero outside).
@@ -440,9 +479,12 @@ fn relation_holds(relation: Relation, s: (f64, f64), o: (f64, f64), margin: (f64
 ///
 /// and for every prompt:
 ///
-/// * `Exclusive`: nothing else is drawn — (matched slots) / (detections), 0 for an empty
-///   image; without it a policy could satisfy `"a red circle"` by drawing every shape in
-///   every colour (a reward hack RL finds within a few updates);
+/// * `Exclusive`: nothing else is drawn — (matched slots) / (detections), times
+///   `min(1, c / 0.95)` with `c` the share of the painted pixels that belong to detected
+///   objects ([`Paint::clean_fraction`]; 5 % of stray paint is free); 0 for an empty image. Without the first factor a policy satisfies `"a red circle"` by drawing every
+///   shape in every colour, without the second by scattering paint that forms no object
+///   (specks, fragments, smears that fit no template), which the detector ignores — both
+///   reward hacks RL found within a few dozen updates;
 ///
 /// and for a relation scene one more:
 ///
@@ -455,7 +497,7 @@ fn relation_holds(relation: Relation, s: (f64, f64), o: (f64, f64), margin: (f64
 /// nothing else, partial credit per constraint otherwise (e.g. `"two blue squares"` drawn as
 /// two red squares scores `(1 + 0 + 0 + 1) / 4`), 0 for an empty image.
 pub fn judge(spec: &SceneSpec, image: &RgbImage) -> Judgement {
-    let detections = detect(image);
+    let (detections, paint) = detect_with_paint(image);
     let groups = spec.groups();
     let slots: Vec<Slot> = groups
         .iter()
@@ -622,11 +664,16 @@ pub fn judge(spec: &SceneSpec, image: &RgbImage) -> Judgement {
     constraints.push(ConstraintResult {
         kind: ConstraintKind::Exclusive,
         group: 0,
-        description: format!("nothing else drawn ({} detections)", detections.len()),
+        description: format!(
+            "nothing else drawn ({} detections, {:.0} % of the paint in objects)",
+            detections.len(),
+            100.0 * paint.clean_fraction()
+        ),
         score: if detections.is_empty() {
             0.0
         } else {
             (matched_total / detections.len() as f64).min(1.0)
+                * (paint.clean_fraction() / CLEAN_TOLERANCE).min(1.0)
         },
     });
     if let Some(r) = relation {

@@ -53,8 +53,8 @@ mod render;
 use std::fmt;
 
 pub use judge::{
-    ConstraintKind, ConstraintResult, Detection, Judgement, SHAPES_COMPONENT, ShapesScorer, detect,
-    judge,
+    ConstraintKind, ConstraintResult, Detection, Judgement, Paint, SHAPES_COMPONENT, ShapesScorer,
+    detect, detect_with_paint, judge,
 };
 pub use render::{PlacedObject, RenderOptions, RenderedScene, render};
 
