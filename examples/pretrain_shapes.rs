@@ -220,7 +220,15 @@ fn evaluate<Bi: Backend>(
         solver: OdeSolver::Euler,
         storage: StorageDtype::F32,
     };
-    let (_, report) = evaluate_prompts(model, &spec, prompts, 4, seed, &Default::default())?;
+    let (_, report) = evaluate_prompts(
+        model,
+        &spec,
+        prompts,
+        4,
+        seed,
+        std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
+        &Default::default(),
+    )?;
     let cats: Vec<String> = report
         .by_category
         .iter()

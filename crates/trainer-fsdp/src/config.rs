@@ -7,7 +7,7 @@
 //! ```toml
 //! recipe = "qwen_image_t2i_lora"   # optional: start from a named recipe, override below
 //!
-//! [run]        task, seed, num_rollouts
+//! [run]        task, seed, num_rollouts, host_threads (optional; changes no result)
 //! [model]      trainable_mode ("full" | "lora"), master_dtype ("fp32" | "bf16", optional)
 //! [lora]       rank, alpha, dropout, target_modules (optional), use_rslora   (optional section)
 //! [sampling]   scheduler, height, width, num_inference_steps, guidance_scale, eta, sde_type,
@@ -255,6 +255,20 @@ pub struct RunSection {
     pub seed: u64,
     /// Rollouts to run (each is one prompt batch and `num_updates_per_batch` optimizer steps).
     pub num_rollouts: u64,
+    /// Host threads that sample, replay and train chunks of a batch side by side (optional,
+    /// default: the machine's cores). It changes no result (the chunked loop gives the same
+    /// bits); on a GPU backend 1 keeps each batch whole on the device.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_threads: Option<usize>,
+}
+
+impl RunSection {
+    /// `host_threads`, or the machine's cores.
+    pub fn threads(&self) -> usize {
+        self.host_threads.unwrap_or_else(|| {
+            std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+        })
+    }
 }
 
 /// `[model]`: which parameters train and how they are stored.
@@ -557,6 +571,7 @@ impl TrainConfig {
                 task: "t2i".into(),
                 seed: 42,
                 num_rollouts: 100,
+                host_threads: None,
             },
             model: ModelSection {
                 generator: GeneratorSource::QwenImage {
@@ -684,6 +699,7 @@ impl TrainConfig {
                 task: "t2i".into(),
                 seed: 0,
                 num_rollouts: 44,
+                host_threads: None,
             },
             model: ModelSection {
                 generator: GeneratorSource::ShapesWorld {
@@ -938,6 +954,14 @@ impl TrainConfig {
 
         // trainable mode, LoRA
         let trainable = self.check_trainable(&mut p, &mut warnings);
+
+        if self.run.host_threads == Some(0) {
+            p.push(PreflightProblem::OutOfRange {
+                key: "run.host_threads",
+                given: "0".into(),
+                allowed: "at least 1, or unset for the machine's cores",
+            });
+        }
 
         // sampling
         let s = &self.sampling;
@@ -1866,6 +1890,20 @@ mod tests {
         assert_eq!(full.trainable, Trainable::Full);
         assert_eq!(full.batch.global_batch_size, 64);
         assert_eq!(full.lr.lr_at_step(0), 3e-5 / 20.0);
+    }
+
+    #[test]
+    fn host_threads_default_to_the_cores_and_zero_is_rejected() {
+        let mut c = TrainConfig::shapes_world_lora();
+        assert_eq!(c.run.host_threads, None);
+        assert!(c.run.threads() >= 1);
+        c.run.host_threads = Some(3);
+        assert_eq!(c.run.threads(), 3);
+        assert!(c.preflight().is_ok());
+        c.run.host_threads = Some(0);
+        let text = problems(&c);
+        assert_eq!(text.len(), 1, "{text:?}");
+        assert!(text[0].contains("run.host_threads"), "{text:?}");
     }
 
     #[test]

@@ -289,6 +289,7 @@ impl<B: AutodiffBackend> ShapesWorldRun<B> {
             solver: OdeSolver::Euler,
             storage: StorageDtype::Bf16,
         };
+        let host_threads = cfg.run.threads();
         Ok(Self {
             cfg,
             pre,
@@ -306,7 +307,7 @@ impl<B: AutodiffBackend> ShapesWorldRun<B> {
             run_dir: run_dir.to_path_buf(),
             held_out: eval_prompts(),
             weight_hash,
-            host_threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            host_threads,
         })
     }
 
@@ -637,6 +638,7 @@ impl<B: AutodiffBackend> ShapesWorldRun<B> {
             &self.held_out,
             k,
             self.cfg.run.seed,
+            self.host_threads,
             &self.device,
         )?;
         let firsts: Vec<RgbImage> = images.iter().step_by(k).cloned().collect();
@@ -826,7 +828,8 @@ impl<B: AutodiffBackend> ShapesWorldRun<B> {
 
 /// Deterministic sampling (the solver on every step) of `prompts`, `samples_per_prompt`
 /// fixed seeds each (a pure function of `seed`), scored by `reward::shapes`: the images
-/// (prompt-major) and the mean reward overall and per GenEval category.
+/// (prompt-major) and the mean reward overall and per GenEval category. `threads` sample
+/// chunks side by side ([`sample_in_chunks`]; the same bits for any value).
 ///
 /// # Errors
 /// Sampling, noise and prompt errors.
@@ -836,6 +839,7 @@ pub fn evaluate_prompts<Bi: Backend>(
     prompts: &[String],
     samples_per_prompt: usize,
     seed: u64,
+    threads: usize,
     device: &Bi::Device,
 ) -> Result<(Vec<RgbImage>, EvalReport), TrainerError> {
     let start = Instant::now();
@@ -853,7 +857,6 @@ pub fn evaluate_prompts<Bi: Backend>(
     .generate()
     .to_tensor::<Bi, 3>(device)?;
     let cond = model.conditioning(&all, device)?;
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let out = sample_in_chunks(
         model,
         &cond,
