@@ -153,6 +153,25 @@ pub fn concat_rollouts<B: Backend>(parts: Vec<BatchRollout<B>>) -> BatchRollout<
     }
 }
 
+/// `f` of every item, each on its own scoped thread, in item order (the loop's host
+/// parallelism: one small forward keeps about one core of a CPU backend busy).
+///
+/// # Panics
+/// Re-raises a worker's panic.
+pub fn scoped_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    let f = &f;
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = items
+            .iter()
+            .map(|item| scope.spawn(move || f(item)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+            .collect()
+    })
+}
+
 /// Splits `0..n` into at most `parts` contiguous, nearly equal, non-empty ranges.
 pub fn chunk_ranges(n: usize, parts: usize) -> Vec<std::ops::Range<usize>> {
     let parts = parts.clamp(1, n.max(1));

@@ -47,7 +47,9 @@ use crate::monitor::{
     Metrics, Monitor, Progress, names, sample_grid, write_png, write_reward_curve,
 };
 use crate::rng::TrainerRng;
-use crate::rollout::{BatchRollout, SamplerSpec, chunk_ranges, concat_rollouts, sample_batch};
+use crate::rollout::{
+    BatchRollout, SamplerSpec, chunk_ranges, concat_rollouts, sample_batch, scoped_map,
+};
 use crate::shapes_world::{
     ShapesGenerator, TOKEN_CHANNELS, TOKEN_GRID, image_shapes, tokens_to_images,
 };
@@ -558,22 +560,9 @@ impl<B: AutodiffBackend> ShapesWorldRun<B> {
         let threads = self.host_threads.clamp(1, micro.len().max(1));
         let replicas = crate::train::autodiff_replicas(self.model(), threads);
         for wave in micro.chunks(threads) {
-            let spec = &self.spec;
-            let lps: Vec<Result<Tensor<B, 2>, TrainerError>> = std::thread::scope(|scope| {
-                let handles: Vec<_> = wave
-                    .iter()
-                    .zip(&replicas)
-                    .map(|(mb, model)| {
-                        let dev = dev.clone();
-                        scope.spawn(move || {
-                            Ok(replay(model, spec, batch, mb.clone(), &dev)?.detach())
-                        })
-                    })
-                    .collect();
-                handles
-                    .into_iter()
-                    .map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
-                    .collect()
+            let jobs: Vec<(&Range<usize>, &Policy<B>)> = wave.iter().zip(&replicas).collect();
+            let lps = scoped_map(&jobs, |(mb, model)| {
+                replay(model, &self.spec, batch, (*mb).clone(), &dev).map(|lp| lp.detach())
             });
             for (mb, lp) in wave.iter().zip(lps) {
                 recorder.record(mb.clone(), lp?)?;
@@ -958,23 +947,10 @@ where
     F: Fn(usize, Range<usize>) -> Result<Tensor<Bx, 3>, TrainerError> + Sync,
 {
     let ranges = chunk_ranges(x_t.dims()[0], threads);
-    let noise = &noise;
-    let parts: Vec<Result<BatchRollout<Bx>, TrainerError>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = ranges
-            .iter()
-            .map(|r| {
-                let r = r.clone();
-                let x = x_t.clone().slice([r.clone()]);
-                let c = slice_conditioning(cond, r.clone());
-                scope.spawn(move || {
-                    sample_batch(model, &c, x, spec, trained, |step| noise(step, r.clone()))
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
-            .collect()
+    let parts = scoped_map(&ranges, |r| {
+        let x = x_t.clone().slice([r.clone()]);
+        let c = slice_conditioning(cond, r.clone());
+        sample_batch(model, &c, x, spec, trained, |step| noise(step, r.clone()))
     });
     Ok(concat_rollouts(
         parts.into_iter().collect::<Result<Vec<_>, _>>()?,

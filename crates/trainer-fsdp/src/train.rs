@@ -34,6 +34,7 @@ use crate::config::{AdamWSettings, MasterDtype};
 use crate::error::TrainerError;
 use crate::lr::{LrSchedule, LrScheduler};
 use crate::monitor::{Metrics, names};
+use crate::rollout::scoped_map;
 
 /// Group-relative advantages of one scored rollout (flow-grpo's [`compute_advantages`]).
 ///
@@ -539,27 +540,11 @@ where
         update.micro_batches.iter().cloned().enumerate().collect();
     let replicas = autodiff_replicas(&model, threads.min(indexed.len()));
     for wave in indexed.chunks(threads) {
-        let results: Vec<_> = std::thread::scope(|scope| {
-            let handles: Vec<_> = wave
-                .iter()
-                .zip(&replicas)
-                .map(|((i, mb), model)| {
-                    let loss_fn = &loss_fn;
-                    scope.spawn(move || {
-                        micro_batch_grads(
-                            model,
-                            update,
-                            *i,
-                            mb.clone(),
-                            &mut |m: &M, s: Range<usize>| loss_fn(m, s),
-                        )
-                    })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
-                .collect()
+        let jobs: Vec<(&(usize, Range<usize>), &M)> = wave.iter().zip(&replicas).collect();
+        let results = scoped_map(&jobs, |((i, mb), model)| {
+            micro_batch_grads(*model, update, *i, mb.clone(), &mut |m: &M, s| {
+                loss_fn(m, s)
+            })
         });
         for r in results {
             let (d, loss, grads) = r?;
