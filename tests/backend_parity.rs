@@ -1,15 +1,22 @@
-//! The sde-math reference fixtures, run on the GPU backends compiled into this build.
+//! The reference fixtures, run on the GPU backends compiled into this build: the sde-math
+//! kernels, and the Qwen-Image transformer (base, PEFT adapter, bf16 sharded checkpoint, LoRA
+//! gradients).
 //!
 //! `cargo test --features wgpu --test backend_parity` runs them on wgpu (on a machine without a
 //! GPU, Mesa's lavapipe software Vulkan driver serves); `--features cuda` on CUDA. Without either
-//! feature this file tests nothing (the CPU backends are covered by `cargo test -p sde-math`).
+//! feature this file tests nothing (the CPU backends are covered by `cargo test -p sde-math` and
+//! `cargo test -p dit-models`).
 
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 #[path = "../crates/sde-math/tests/support/parity.rs"]
 mod parity;
 
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
-fn run<B: burn::tensor::backend::Backend>(name: &str, dev: &B::Device) {
+#[path = "../crates/dit-models/tests/support/mod.rs"]
+mod dit;
+
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+fn sde_math_fixtures<B: burn::tensor::backend::Backend>(name: &str, dev: &B::Device) {
     let fixtures = parity::fixtures_dir(env!("CARGO_MANIFEST_DIR"));
     let a = parity::flow_grpo_sde_step::<B>(&fixtures, dev);
     let b = parity::dance_flux_step::<B>(&fixtures, dev);
@@ -21,14 +28,218 @@ fn run<B: burn::tensor::backend::Backend>(name: &str, dev: &B::Device) {
     );
 }
 
+/// How close a GPU backend's transformer comes to the fixtures, relative to the largest output
+/// (or gradient) magnitude.
+///
+/// wgpu computes f32 matrix products in f32: the CPU tests' tolerance (1e-4 absolute, on
+/// outputs of magnitude ~2) holds. CUDA's matmul runs f32 inputs through the tensor cores in
+/// TF32 (cubek-matmul picks TF32 stages whenever the device supports them, as PyTorch does
+/// with `allow_tf32`), whose 10-bit mantissa has unit roundoff 2^-11: the bound is 4 of those.
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+#[derive(Clone, Copy, Debug)]
+// each GPU feature uses one of the two
+#[cfg_attr(not(all(feature = "cuda", feature = "wgpu")), allow(dead_code))]
+enum MatmulPrecision {
+    F32,
+    Tf32,
+}
+
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+impl MatmulPrecision {
+    fn relative_tolerance(self) -> f64 {
+        match self {
+            // the CPU tests' 1e-4 absolute on outputs of magnitude ~2
+            Self::F32 => 5e-5,
+            Self::Tf32 => 4.0 * 2f64.powi(-11),
+        }
+    }
+}
+
+/// The diffusers / PEFT forward fixtures on `B`: the f32 single-file checkpoint, the bf16
+/// sharded one, and the PEFT adapter. Every error is printed before the worst is checked.
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+fn transformer_fixtures<B: burn::tensor::backend::Backend>(
+    name: &str,
+    dev: &B::Device,
+    precision: MatmulPrecision,
+) {
+    use dit_models::{Adapters, LoadOptions, QwenImageTransformer2DModel};
+    let load = |layout: &str| {
+        QwenImageTransformer2DModel::<B>::from_pretrained(
+            dit::fixtures().join(layout),
+            dev,
+            LoadOptions::default(),
+        )
+        .unwrap_or_else(|e| panic!("{layout}: {e}"))
+    };
+    let single = load("tiny_single");
+    let sharded = load("tiny_sharded");
+    let adapted = single
+        .clone()
+        .load_peft_adapter(dit::fixtures().join("tiny_lora"), None)
+        .expect("PEFT adapter");
+    let mut worst = (0.0, String::new());
+    for c in dit::forward_cases() {
+        let case = c["name"].as_str().unwrap();
+        let input = || dit::input::<B>(&c, dev);
+        for (what, out, want) in [
+            ("single", single.forward(input()), &c["output"]),
+            ("sharded_bf16", sharded.forward(input()), &c["output"]),
+            ("adapted", adapted.forward(input()), &c["adapted_output"]),
+            (
+                "adapter_disabled",
+                adapted.forward_with(input(), Adapters::Disabled),
+                &c["output"],
+            ),
+        ] {
+            let (shape, data) = dit::values(want);
+            let scale = data.iter().fold(0f32, |m, x| m.max(x.abs())) as f64;
+            let err = dit::max_abs_diff(out, (&shape, &data)) / scale;
+            println!("{name}/{what}/{case}: max abs error / max |output| = {err:.3e}");
+            if err > worst.0 {
+                worst = (err, format!("{what}/{case}"));
+            }
+        }
+    }
+    let tol = precision.relative_tolerance();
+    println!(
+        "{name}: transformer forward, worst relative error {:.3e} ({}), tolerance {tol:.3e} ({precision:?})",
+        worst.0, worst.1
+    );
+    assert!(
+        worst.0 <= tol,
+        "{name}: {}: relative error {:e} > {tol:e}",
+        worst.1,
+        worst.0
+    );
+}
+
+/// LoRA gradients of a loss through the adapted transformer on `B`, against the same on the
+/// CPU backend (whose forward matches PEFT): max abs difference relative to the largest gradient.
+/// Every error is printed before the worst is checked.
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+fn lora_gradients<B: burn::tensor::backend::AutodiffBackend>(
+    name: &str,
+    dev: &B::Device,
+    precision: MatmulPrecision,
+) {
+    use burn::backend::{Autodiff, Flex};
+    use burn::tensor::backend::AutodiffBackend;
+    use dit_models::{LoadOptions, QwenImageTransformer2DModel};
+
+    fn grads<A: AutodiffBackend>(dev: &A::Device) -> Vec<(String, Vec<usize>, Vec<f32>)> {
+        let model = QwenImageTransformer2DModel::<A>::from_pretrained(
+            dit::fixtures().join("tiny_single"),
+            dev,
+            LoadOptions::default(),
+        )
+        .unwrap()
+        .load_peft_adapter(dit::fixtures().join("tiny_lora"), None)
+        .unwrap();
+        let c = dit::case("text_mask");
+        let out = model.forward(dit::input::<A>(&c, dev));
+        let g = out.powi_scalar(2).mean().backward();
+        let mut all = Vec::new();
+        for (i, block) in model.transformer_blocks.iter().enumerate() {
+            for (proj, lin) in [("to_q", &block.attn.to_q), ("to_out", &block.attn.to_out)] {
+                let lora = lin.lora.as_ref().expect("adapted projection");
+                for (ab, p) in [("a", &lora.lora_a), ("b", &lora.lora_b)] {
+                    let t = p
+                        .grad(&g)
+                        .unwrap_or_else(|| panic!("block {i} {proj} lora_{ab}: no grad"));
+                    let dims = t.dims().to_vec();
+                    let v = t.into_data().convert::<f32>().to_vec().unwrap();
+                    all.push((format!("blocks.{i}.{proj}.lora_{ab}"), dims, v));
+                }
+            }
+        }
+        all
+    }
+
+    let want = grads::<Autodiff<Flex>>(&Default::default());
+    let got = grads::<B>(dev);
+    let scale = want
+        .iter()
+        .flat_map(|(_, _, v)| v.iter())
+        .fold(0f32, |m, x| m.max(x.abs())) as f64;
+    assert!(scale > 0.0, "all LoRA gradients are zero");
+    let tol = precision.relative_tolerance();
+    let mut worst = (0.0, "");
+    for ((n, wd, w), (_, gd, g)) in want.iter().zip(&got) {
+        assert_eq!(wd, gd, "{n}: gradient shape");
+        let err = w
+            .iter()
+            .zip(g)
+            .map(|(a, b)| (*a as f64 - *b as f64).abs())
+            .fold(0.0, f64::max)
+            / scale;
+        println!("{name}: {n}: max abs error / max |gradient| = {err:.3e}");
+        if err > worst.0 {
+            worst = (err, n);
+        }
+    }
+    println!(
+        "{name}: {} LoRA gradients against the CPU backend, worst relative error {:.3e} ({}), tolerance {tol:.3e} ({precision:?})",
+        want.len(),
+        worst.0,
+        worst.1
+    );
+    assert!(
+        worst.0 <= tol,
+        "{name}: {}: relative gradient error {:e} > {tol:e}",
+        worst.1,
+        worst.0
+    );
+}
+
 #[cfg(feature = "wgpu")]
 #[test]
 fn sde_math_fixtures_match_on_wgpu() {
-    run::<flowrl::backend::Wgpu>("wgpu", &Default::default());
+    sde_math_fixtures::<flowrl::backend::Wgpu>("wgpu", &Default::default());
+}
+
+#[cfg(feature = "wgpu")]
+#[test]
+fn transformer_fixtures_match_on_wgpu() {
+    transformer_fixtures::<flowrl::backend::Wgpu>(
+        "wgpu",
+        &Default::default(),
+        MatmulPrecision::F32,
+    );
+}
+
+#[cfg(feature = "wgpu")]
+#[test]
+fn lora_gradients_match_on_wgpu() {
+    lora_gradients::<burn::backend::Autodiff<flowrl::backend::Wgpu>>(
+        "wgpu",
+        &Default::default(),
+        MatmulPrecision::F32,
+    );
 }
 
 #[cfg(feature = "cuda")]
 #[test]
 fn sde_math_fixtures_match_on_cuda() {
-    run::<flowrl::backend::Cuda>("cuda", &Default::default());
+    sde_math_fixtures::<flowrl::backend::Cuda>("cuda", &Default::default());
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+fn transformer_fixtures_match_on_cuda() {
+    transformer_fixtures::<flowrl::backend::Cuda>(
+        "cuda",
+        &Default::default(),
+        MatmulPrecision::Tf32,
+    );
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+fn lora_gradients_match_on_cuda() {
+    lora_gradients::<burn::backend::Autodiff<flowrl::backend::Cuda>>(
+        "cuda",
+        &Default::default(),
+        MatmulPrecision::Tf32,
+    );
 }

@@ -432,7 +432,8 @@ impl<B: AutodiffBackend> ShapesWorldRun<B> {
         let mask: Vec<bool> = cond
             .encoder_hidden_states_mask
             .clone()
-            .map(|m| m.into_data().into_vec::<bool>().expect("bool"))
+            // through int: GPU backends store bools as u8, the CPU backend natively
+            .map(|m| m.int().into_data().iter::<i64>().map(|v| v != 0).collect())
             .unwrap_or_default();
         let [_, t, d] = cond.encoder_hidden_states.dims();
         let mut paths = Vec::with_capacity(prompts.len());
