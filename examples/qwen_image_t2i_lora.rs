@@ -86,6 +86,13 @@ fn main() -> Result<()> {
             reward_model_path: args.reward_model_path.clone(),
         };
     }
+    let kind: BackendKind = args.backend.parse()?;
+    kind.ensure_available()?;
+    if kind != BackendKind::Cpu && cfg.run.host_threads.is_none() {
+        // one host thread keeps each batch whole on the device; `--set run.host_threads=N`
+        // still wins
+        cfg.run.host_threads = Some(1);
+    }
     let pre = cfg.preflight()?;
     for w in &pre.warnings {
         println!("warning: {w}");
@@ -97,8 +104,6 @@ fn main() -> Result<()> {
             .map(PathBuf::from)
             .unwrap_or_else(|| PathBuf::from("runs"))
     });
-    let kind: BackendKind = args.backend.parse()?;
-    kind.ensure_available()?;
     match kind {
         BackendKind::Cpu => train::<Autodiff<flowrl::backend::Cpu>>(cfg, pre, run_dir),
         #[cfg(feature = "cuda")]

@@ -257,7 +257,8 @@ pub struct RunSection {
     pub num_rollouts: u64,
     /// Host threads that sample, replay and train chunks of a batch side by side (optional,
     /// default: the machine's cores). It changes no result (the chunked loop gives the same
-    /// bits); on a GPU backend 1 keeps each batch whole on the device.
+    /// bits); on a GPU backend 1 keeps each batch whole on the device, and the
+    /// `qwen_image_t2i_lora` example uses 1 there unless this is set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_threads: Option<usize>,
 }

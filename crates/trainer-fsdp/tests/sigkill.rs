@@ -15,15 +15,17 @@
 //! SIGINT and checks the clean stop.
 
 mod common;
+mod crash_harness;
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use burn::module::AutodiffModule;
 use common::*;
+use crash_harness::{Harness, say};
 use trainer_fsdp::{
     CheckpointStore, Metrics, Monitor, Resume, StopFlag, TrainerRng, TrainerState, WritePhase,
     checkpoint, read_jsonl,
@@ -31,8 +33,6 @@ use trainer_fsdp::{
 
 const ROLLOUTS: u64 = 5;
 const TASK: &str = "t2i";
-const CHILD_DIR: &str = "TRAINER_FSDP_CHILD_DIR";
-const CHILD_SLOW: &str = "TRAINER_FSDP_CHILD_SLOW_MS";
 /// Committed checkpoints the child keeps (`all` for the reference run, which the trials'
 /// checkpoints are compared against).
 const CHILD_KEEP: &str = "TRAINER_FSDP_CHILD_KEEP";
@@ -40,26 +40,32 @@ const CHILD_KEEP: &str = "TRAINER_FSDP_CHILD_KEEP";
 const TRIAL_KEEP: usize = 3;
 const FINAL: &str = "final_params.bin";
 
+/// The child keeps every checkpoint in the reference run, and rotates in the trials.
+const HARNESS: Harness = Harness {
+    dir_var: "TRAINER_FSDP_CHILD_DIR",
+    slow_var: "TRAINER_FSDP_CHILD_SLOW_MS",
+    extra_env: |dir| {
+        let keep = if dir.ends_with("reference") {
+            "all"
+        } else {
+            "rotate"
+        };
+        vec![(CHILD_KEEP, keep)]
+    },
+    show_stderr: true,
+};
+
 fn main() {
-    match std::env::var_os(CHILD_DIR) {
-        Some(dir) => child(Path::new(&dir)),
+    match HARNESS.child_dir() {
+        Some(dir) => child(&dir),
         None => parent(),
     }
 }
 
 // ---------------------------------------------------------------- child
 
-fn say(line: &str) {
-    let mut out = std::io::stdout().lock();
-    writeln!(out, "{line}").unwrap();
-    out.flush().unwrap();
-}
-
 fn child(dir: &Path) {
-    let slow: u64 = std::env::var(CHILD_SLOW)
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
+    let slow = HARNESS.slow();
     let stop = StopFlag::install().unwrap();
     let dev = Default::default();
     let keep = match std::env::var(CHILD_KEEP).as_deref() {
@@ -70,9 +76,7 @@ fn child(dir: &Path) {
         .unwrap()
         .with_write_hook(Arc::new(move |it, phase| {
             say(&format!("PHASE {it} {phase:?}"));
-            if slow > 0 {
-                std::thread::sleep(Duration::from_millis(slow));
-            }
+            std::thread::sleep(slow);
         }));
     let mut opt = optimizer();
     let model = Policy::<AD>::init(21, &dev);
@@ -122,33 +126,6 @@ fn child(dir: &Path) {
 }
 
 // ---------------------------------------------------------------- parent
-
-fn spawn(dir: &Path, slow_ms: u64, stdout: Stdio) -> Child {
-    let keep = if dir.ends_with("reference") {
-        "all"
-    } else {
-        "rotate"
-    };
-    Command::new(std::env::current_exe().unwrap())
-        .env(CHILD_DIR, dir)
-        .env(CHILD_KEEP, keep)
-        .env(CHILD_SLOW, slow_ms.to_string())
-        .stdout(stdout)
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn the child")
-}
-
-/// Runs a child to completion; returns its stdout lines.
-fn run_to_end(dir: &Path) -> Vec<String> {
-    let out = spawn(dir, 0, Stdio::piped()).wait_with_output().unwrap();
-    assert!(out.status.success(), "child failed: {:?}", out.status);
-    String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(String::from)
-        .collect()
-}
 
 /// A read-only view of a run's checkpoints (reading never rotates).
 fn store(dir: &Path) -> CheckpointStore {
@@ -267,7 +244,7 @@ fn check_metrics(dir: &Path, reference: &Path) {
 fn resume_and_check(dir: &Path, reference: &Path, trial: &str) {
     check_committed(dir, reference);
     let last = committed_on_disk(dir).last().copied();
-    let lines = run_to_end(dir);
+    let lines = HARNESS.run_to_end(dir);
     let expect = match last {
         Some(it) => format!("RESUMED {it}"),
         None => "FRESH".into(),
@@ -282,36 +259,12 @@ fn resume_and_check(dir: &Path, reference: &Path, trial: &str) {
     check_metrics(dir, reference);
 }
 
-/// Kills the child right after it reports `marker` (it then sleeps inside the write window).
-fn kill_at_marker(dir: &Path, slow_ms: u64, marker: &str) -> bool {
-    let mut child = spawn(dir, slow_ms, Stdio::piped());
-    let out = child.stdout.take().unwrap();
-    let mut hit = false;
-    for line in BufReader::new(out).lines() {
-        if line.unwrap() == marker {
-            child.kill().unwrap();
-            hit = true;
-            break;
-        }
-    }
-    let status = child.wait().unwrap();
-    assert!(!hit || !status.success(), "the child was killed");
-    hit
-}
-
-fn kill_after(dir: &Path, slow_ms: u64, delay: Duration) {
-    let mut child = spawn(dir, slow_ms, Stdio::null());
-    std::thread::sleep(delay);
-    let _ = child.kill();
-    child.wait().unwrap();
-}
-
 fn parent() {
     let start = Instant::now();
     let root = tempfile::tempdir().unwrap();
     let reference = root.path().join("reference");
     let t0 = Instant::now();
-    let lines = run_to_end(&reference);
+    let lines = HARNESS.run_to_end(&reference);
     let full = t0.elapsed();
     assert_eq!(lines.first().map(String::as_str), Some("FRESH"));
     assert_eq!(lines.last().map(String::as_str), Some("DONE"));
@@ -336,7 +289,9 @@ fn parent() {
         let marker = format!("PHASE {it} {phase:?}");
         trials.push((
             format!("SIGKILL after `{marker}`"),
-            Box::new(move |dir: &Path| assert!(kill_at_marker(dir, slow, &marker), "{marker}")),
+            Box::new(move |dir: &Path| {
+                assert!(HARNESS.kill_at_marker(dir, slow, &marker), "{marker}")
+            }),
         ));
     }
     // kills at random times across a slowed-down run
@@ -346,15 +301,15 @@ fn parent() {
         let ms = 20 + rng.below(window);
         trials.push((
             format!("SIGKILL after {ms} ms"),
-            Box::new(move |dir: &Path| kill_after(dir, slow, Duration::from_millis(ms))),
+            Box::new(move |dir: &Path| HARNESS.kill_after(dir, slow, Duration::from_millis(ms))),
         ));
     }
     // a second kill while the resumed run is itself in a write window
     trials.push((
         "SIGKILL twice".into(),
         Box::new(move |dir: &Path| {
-            assert!(kill_at_marker(dir, slow, "PHASE 1 TrainerState"));
-            assert!(kill_at_marker(dir, slow, "PHASE 3 Weights"));
+            assert!(HARNESS.kill_at_marker(dir, slow, "PHASE 1 TrainerState"));
+            assert!(HARNESS.kill_at_marker(dir, slow, "PHASE 3 Weights"));
         }),
     ));
 
@@ -380,7 +335,7 @@ fn parent() {
 
     // Ctrl-C: the child stops cleanly after a committed checkpoint
     let dir = root.path().join("sigint");
-    let mut child = spawn(&dir, 2 * slow, Stdio::piped());
+    let mut child = HARNESS.spawn(&dir, 2 * slow, Stdio::piped());
     let out = child.stdout.take().unwrap();
     let mut lines = BufReader::new(out).lines();
     for line in lines.by_ref() {

@@ -12,17 +12,17 @@
 //! end each time, and checks that it resumed right after the last committed iteration and ended
 //! with parameters and metrics identical to the reference.
 
+mod crash_harness;
 #[path = "shapes_common/mod.rs"]
 mod shapes_common;
 
-use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use burn::backend::{Autodiff, Flex};
 use burn::module::AutodiffModule;
+use crash_harness::{Harness, say};
 use shapes_common::*;
 use trainer_fsdp::shapes_run::ShapesWorldRun;
 use trainer_fsdp::{CheckpointStore, StopFlag, TrainerRng, WritePhase, read_jsonl};
@@ -30,28 +30,24 @@ use trainer_fsdp::{CheckpointStore, StopFlag, TrainerRng, WritePhase, read_jsonl
 type B = Autodiff<Flex>;
 
 const ROLLOUTS: u64 = 4;
-const CHILD_DIR: &str = "SHAPES_LOOP_CHILD_DIR";
-const CHILD_SLOW: &str = "SHAPES_LOOP_CHILD_SLOW_MS";
 const FINAL: &str = "final_adapter.bin";
 
+const HARNESS: Harness = Harness {
+    dir_var: "SHAPES_LOOP_CHILD_DIR",
+    slow_var: "SHAPES_LOOP_CHILD_SLOW_MS",
+    extra_env: |_| Vec::new(),
+    show_stderr: false,
+};
+
 fn main() {
-    match std::env::var_os(CHILD_DIR) {
-        Some(dir) => child(Path::new(&dir)),
+    match HARNESS.child_dir() {
+        Some(dir) => child(&dir),
         None => parent(),
     }
 }
 
-fn say(line: &str) {
-    let mut out = std::io::stdout().lock();
-    writeln!(out, "{line}").unwrap();
-    out.flush().unwrap();
-}
-
 fn child(dir: &Path) {
-    let slow: u64 = std::env::var(CHILD_SLOW)
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
+    let slow = HARNESS.slow();
     let cfg = tiny_config(
         dir,
         ROLLOUTS,
@@ -68,9 +64,7 @@ fn child(dir: &Path) {
         .with_scorer(Box::new(Brightness))
         .with_checkpoint_hook(Arc::new(move |it, phase| {
             say(&format!("PHASE {it} {phase:?}"));
-            if slow > 0 {
-                std::thread::sleep(Duration::from_millis(slow));
-            }
+            std::thread::sleep(slow);
         }));
     run.run(&StopFlag::new()).unwrap();
     let bits: Vec<u8> = param_bits(&run.model().dit.clone().valid())
@@ -81,51 +75,9 @@ fn child(dir: &Path) {
     say("DONE");
 }
 
-fn spawn(dir: &Path, slow_ms: u64, stdout: Stdio) -> Child {
-    Command::new(std::env::current_exe().unwrap())
-        .env(CHILD_DIR, dir)
-        .env(CHILD_SLOW, slow_ms.to_string())
-        .stdout(stdout)
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn the child")
-}
-
 /// A fresh trial directory holding the (shared, read-only) generator.
 fn prepare(dir: &Path, generator: &Path) {
     copy_dir(generator, &dir.join("generator"));
-}
-
-fn run_to_end(dir: &Path) -> Vec<String> {
-    let out = spawn(dir, 0, Stdio::piped()).wait_with_output().unwrap();
-    assert!(out.status.success(), "child failed: {:?}", out.status);
-    String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(String::from)
-        .collect()
-}
-
-fn kill_at_marker(dir: &Path, slow_ms: u64, marker: &str) -> bool {
-    let mut child = spawn(dir, slow_ms, Stdio::piped());
-    let out = child.stdout.take().unwrap();
-    let mut hit = false;
-    for line in BufReader::new(out).lines() {
-        if line.unwrap() == marker {
-            child.kill().unwrap();
-            hit = true;
-            break;
-        }
-    }
-    child.wait().unwrap();
-    hit
-}
-
-fn kill_after(dir: &Path, slow_ms: u64, delay: Duration) {
-    let mut child = spawn(dir, slow_ms, Stdio::null());
-    std::thread::sleep(delay);
-    let _ = child.kill();
-    child.wait().unwrap();
 }
 
 /// The deterministic part of every metrics record (timings dropped).
@@ -154,7 +106,7 @@ fn resume_and_check(dir: &Path, reference: &Path, trial: &str) {
         .latest_committed()
         .unwrap()
         .map(|c| c.iteration);
-    let lines = run_to_end(dir);
+    let lines = HARNESS.run_to_end(dir);
     let expect = format!("START {}", last.map_or(0, |it| it + 1));
     assert_eq!(
         lines.iter().find(|l| l.starts_with("START")),
@@ -184,7 +136,7 @@ fn parent() {
     let reference = root.path().join("reference");
     prepare(&reference, &generator);
     let t0 = Instant::now();
-    let lines = run_to_end(&reference);
+    let lines = HARNESS.run_to_end(&reference);
     let full = t0.elapsed();
     assert_eq!(
         lines
@@ -209,7 +161,10 @@ fn parent() {
         trials.push((
             format!("SIGKILL after `{marker}`"),
             Box::new(move |dir: &Path| {
-                assert!(kill_at_marker(dir, slow, &marker), "{marker} never printed")
+                assert!(
+                    HARNESS.kill_at_marker(dir, slow, &marker),
+                    "{marker} never printed"
+                )
             }),
         ));
     }
@@ -219,14 +174,14 @@ fn parent() {
         let ms = 100 + rng.below(window);
         trials.push((
             format!("SIGKILL after {ms} ms"),
-            Box::new(move |dir: &Path| kill_after(dir, slow, Duration::from_millis(ms))),
+            Box::new(move |dir: &Path| HARNESS.kill_after(dir, slow, Duration::from_millis(ms))),
         ));
     }
     trials.push((
         "SIGKILL twice".into(),
         Box::new(move |dir: &Path| {
-            assert!(kill_at_marker(dir, slow, "PHASE 0 TrainerState"));
-            assert!(kill_at_marker(dir, slow, "PHASE 2 Weights"));
+            assert!(HARNESS.kill_at_marker(dir, slow, "PHASE 0 TrainerState"));
+            assert!(HARNESS.kill_at_marker(dir, slow, "PHASE 2 Weights"));
         }),
     ));
     let n = trials.len();
