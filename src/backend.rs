@@ -52,18 +52,103 @@ impl BackendKind {
         }
     }
 
-    /// Checks that the backend is compiled in.
+    /// Checks that the backend is compiled in and that its default device works: a GPU
+    /// backend runs one small computation and checks its result (burn's GPU runtimes panic,
+    /// often on a thread of their own, when a driver or library is missing; that becomes
+    /// [`BackendError::Unavailable`] here, before any work starts).
     ///
     /// # Errors
-    /// [`BackendError::NotCompiledIn`] naming the feature to enable.
+    /// [`BackendError::NotCompiledIn`] naming the feature to enable;
+    /// [`BackendError::Unavailable`] with what the runtime reported and what it needs.
     pub fn ensure_available(self) -> Result<Self, BackendError> {
-        if self.compiled_in() {
-            Ok(self)
-        } else {
-            Err(BackendError::NotCompiledIn {
+        if !self.compiled_in() {
+            return Err(BackendError::NotCompiledIn {
                 kind: self,
                 feature: self.feature().unwrap_or_default(),
+            });
+        }
+        let probe = match self {
+            BackendKind::Cpu => Ok(()),
+            #[cfg(feature = "cuda")]
+            BackendKind::Cuda => probe_default_device::<Cuda>(),
+            #[cfg(feature = "wgpu")]
+            BackendKind::Wgpu => probe_default_device::<Wgpu>(),
+            #[allow(unreachable_patterns)]
+            _ => unreachable!("compiled_in checked above"),
+        };
+        probe
+            .map(|()| self)
+            .map_err(|reason| BackendError::Unavailable {
+                kind: self,
+                reason,
+                needs: self.needs(),
             })
+    }
+
+    /// What a working device of this backend needs from the machine.
+    fn needs(self) -> &'static str {
+        match self {
+            BackendKind::Cpu => "nothing",
+            BackendKind::Cuda => {
+                "an NVIDIA GPU and driver (libcuda.so.1), NVRTC (libnvrtc.so.13 or .12) on the \
+                 library path (LD_LIBRARY_PATH; never the toolkit's lib64/stubs), and the CUDA \
+                 headers under $CUDA_PATH/include (default /usr/local/cuda)"
+            }
+            BackendKind::Wgpu => {
+                "a Vulkan, Metal or DX12 driver (on Linux without a GPU: Mesa's lavapipe, Debian \
+                 package mesa-vulkan-drivers)"
+            }
+        }
+    }
+}
+
+/// Runs `[1, 2] * 2` on `B`'s default device and checks the result. A panic anywhere in it
+/// (the runtime's own threads included) is caught and returned as its message; the panic hook
+/// is silenced meanwhile and restored after.
+#[cfg(any(feature = "cuda", feature = "wgpu"))]
+fn probe_default_device<B: burn::tensor::backend::Backend>() -> Result<(), String>
+where
+    B::Device: Default,
+{
+    use std::sync::{Arc, Mutex};
+    let messages = Arc::new(Mutex::new(Vec::<String>::new()));
+    let sink = Arc::clone(&messages);
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let text = payload
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| info.to_string());
+        if let Ok(mut m) = sink.lock() {
+            m.push(text);
+        }
+    }));
+    let result = std::panic::catch_unwind(|| {
+        let device = B::Device::default();
+        let t = burn::tensor::Tensor::<B, 1>::from_floats([1.0, 2.0], &device);
+        t.mul_scalar(2.0)
+            .into_data()
+            .convert::<f32>()
+            .to_vec::<f32>()
+    });
+    std::panic::set_hook(previous);
+    match result {
+        Ok(Ok(v)) if v == [2.0, 4.0] => Ok(()),
+        Ok(Ok(v)) => Err(format!("[1, 2] * 2 gave {v:?}")),
+        Ok(Err(e)) => Err(format!("reading the result back failed: {e:?}")),
+        Err(_) => {
+            let m = messages.lock().map(|m| m.clone()).unwrap_or_default();
+            // the runtime thread's panic comes first and names the cause; the caller's
+            // (a closed channel) adds nothing
+            let first = m
+                .into_iter()
+                .next()
+                .unwrap_or_else(|| "the runtime panicked".into());
+            // cudarc appends the ~30 file names it tried to "Unable to dynamically load ..."
+            let reason = first.split(" - searched for library names").next();
+            Err(reason.unwrap_or_default().to_string())
         }
     }
 }
@@ -108,6 +193,16 @@ pub enum BackendError {
         /// The cargo feature that enables it.
         feature: &'static str,
     },
+    /// The backend is compiled in but its default device does not work on this machine.
+    #[error("backend {kind} is compiled in but could not start ({reason}); it needs {needs}")]
+    Unavailable {
+        /// The backend asked for.
+        kind: BackendKind,
+        /// What the runtime reported.
+        reason: String,
+        /// What the backend needs from the machine.
+        needs: &'static str,
+    },
 }
 
 #[cfg(test)]
@@ -129,5 +224,18 @@ mod tests {
                 .to_string();
             assert!(msg.contains("--features cuda"), "{msg}");
         }
+    }
+
+    #[test]
+    fn an_unavailable_backend_says_what_it_needs() {
+        let msg = BackendError::Unavailable {
+            kind: BackendKind::Cuda,
+            reason: "no driver".into(),
+            needs: BackendKind::Cuda.needs(),
+        }
+        .to_string();
+        assert!(msg.starts_with("backend cuda is compiled in but could not start (no driver)"));
+        assert!(msg.contains("libnvrtc"), "{msg}");
+        assert!(BackendKind::Wgpu.needs().contains("lavapipe"));
     }
 }
