@@ -30,7 +30,12 @@ pub fn joint_attention<B: Backend>(
             [b, s],
             "attention key mask must be [batch, seq] = [{b}, {s}]"
         );
-        m.bool_not().reshape([b, 1, 1, s]).expand([b, h, s, s])
+        // Written out rather than broadcast: burn's CPU backend copies a broadcast mask
+        // element by element on every use (forward and backward); rows repeat by `memcpy`.
+        m.bool_not()
+            .reshape([b, 1, 1, s])
+            .repeat_dim(2, s)
+            .repeat_dim(1, h)
     });
     let out = attention(
         q.swap_dims(1, 2),

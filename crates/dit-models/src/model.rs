@@ -10,7 +10,7 @@ use crate::config::{NORM_EPS, QwenImageConfig};
 use crate::layers::{
     Adapters, Linear, LinearConfig, RmsNorm, RmsNormConfig, gelu_tanh, layer_norm, silu,
 };
-use crate::rope::{ImageShape, apply_rope, rope_tables};
+use crate::rope::{ImageShape, apply_rope, expand_rope_table, rope_tables};
 
 /// Channels of the sinusoidal timestep embedding (diffusers `Timesteps(num_channels=256)`).
 pub const TIMESTEP_CHANNELS: usize = 256;
@@ -373,6 +373,7 @@ impl<B: Backend> QwenImageTransformer2DModel<B> {
             img_shapes,
         } = input;
         let ctx = self.block_context(
+            hidden_states.dims()[0],
             &img_shapes,
             s_txt,
             encoder_hidden_states_mask,
@@ -442,9 +443,11 @@ impl<B: Backend> QwenImageTransformer2DModel<B> {
         (img, txt, self.time_embedding(timestep, dtype, adapters))
     }
 
-    /// RoPE tables and the joint key mask (the per-forward constants of every block).
+    /// RoPE tables and the joint key mask (the per-forward constants of every block), for a
+    /// batch of `batch` rows.
     pub(crate) fn block_context(
         &self,
+        batch: usize,
         img_shapes: &[ImageShape],
         s_txt: usize,
         encoder_hidden_states_mask: Option<Tensor<B, 2, Bool>>,
@@ -454,6 +457,11 @@ impl<B: Backend> QwenImageTransformer2DModel<B> {
         let s_img: usize = img_shapes.iter().map(ImageShape::tokens).sum();
         let tables = rope_tables(self.config().axes_dims_rope, img_shapes, s_txt);
         let (cos, sin) = tables.to_tensors::<B>(device, dtype);
+        let heads = self.config().num_attention_heads;
+        let (cos, sin) = (
+            expand_rope_table(cos, batch, heads),
+            expand_rope_table(sin, batch, heads),
+        );
         let key_mask = encoder_hidden_states_mask.map(|m| {
             let b = m.dims()[0];
             Tensor::cat(
@@ -483,7 +491,7 @@ impl<B: Backend> QwenImageTransformer2DModel<B> {
             .forward(silu(temb), adapters)
             .unsqueeze_dim::<3>(1);
         let [scale, shift] = chunks::<B, 2>(emb);
-        let img = layer_norm(img, NORM_EPS) * (scale + 1.0) + shift;
+        let img = modulate(img, shift, scale);
         self.proj_out.forward(img, adapters)
     }
 
@@ -518,8 +526,9 @@ impl<B: Backend> QwenImageTransformer2DModel<B> {
 #[derive(Clone)]
 pub(crate) struct BlockContext<B: Backend> {
     pub(crate) silu_temb: Option<Tensor<B, 2>>,
-    pub(crate) cos: Tensor<B, 2>,
-    pub(crate) sin: Tensor<B, 2>,
+    /// The RoPE tables expanded to `[batch, seq, heads, head_dim]` ([`expand_rope_table`]).
+    pub(crate) cos: Tensor<B, 4>,
+    pub(crate) sin: Tensor<B, 4>,
     pub(crate) key_mask: Option<Tensor<B, 2, Bool>>,
     pub(crate) adapters: Adapters,
 }
@@ -540,8 +549,27 @@ fn chunks<B: Backend, const N: usize>(x: Tensor<B, 3>) -> [Tensor<B, 3>; N] {
         .unwrap_or_else(|_| panic!("modulation does not split into {N} chunks"))
 }
 
+/// `layer_norm(x) * (1 + scale) + shift` for `x: [batch, tokens, dim]` and per-row
+/// modulation `[batch, 1, dim]` or `[batch, tokens, dim]` ([`per_token`]).
 fn modulate<B: Backend>(x: Tensor<B, 3>, shift: Tensor<B, 3>, scale: Tensor<B, 3>) -> Tensor<B, 3> {
-    layer_norm(x, NORM_EPS) * (scale + 1.0) + shift
+    let tokens = x.dims()[1];
+    layer_norm(x, NORM_EPS) * per_token(scale + 1.0, tokens) + per_token(shift, tokens)
+}
+
+/// A per-row modulation `[batch, 1, dim]` made ready to multiply or add to `[batch, tokens,
+/// dim]` activations: unchanged for a batch of one, written out to `[batch, tokens, dim]`
+/// otherwise.
+///
+/// The numbers are the broadcast's. burn's CPU backend has fast paths for a row shared by the
+/// whole tensor, which is the batch-of-one case, but walks any other broadcast element by
+/// element; with a batch of rows that made the modulations and gates a fifth of a small
+/// model's forward. The copy is a row `memcpy` per token.
+fn per_token<B: Backend>(m: Tensor<B, 3>, tokens: usize) -> Tensor<B, 3> {
+    if m.dims()[0] == 1 || m.dims()[1] == tokens {
+        m
+    } else {
+        m.repeat_dim(1, tokens)
+    }
 }
 
 impl<B: Backend> FeedForward<B> {
@@ -555,14 +583,15 @@ impl<B: Backend> FeedForward<B> {
 impl<B: Backend> JointAttention<B> {
     /// Joint attention over `[text, image]`; returns `(image_out, text_out)`.
     ///
-    /// `cos`/`sin` are the RoPE tables of the joint sequence (text first), `key_mask` the
-    /// joint key mask.
+    /// `cos`/`sin` are the RoPE tables of the joint sequence (text first), expanded to
+    /// `[batch, seq, heads, head_dim]` ([`expand_rope_table`]); `key_mask` is the joint key
+    /// mask.
     pub fn forward(
         &self,
         img: Tensor<B, 3>,
         txt: Tensor<B, 3>,
-        cos: &Tensor<B, 2>,
-        sin: &Tensor<B, 2>,
+        cos: &Tensor<B, 4>,
+        sin: &Tensor<B, 4>,
         key_mask: Option<Tensor<B, 2, Bool>>,
         adapters: Adapters,
     ) -> (Tensor<B, 3>, Tensor<B, 3>) {
@@ -624,17 +653,19 @@ impl<B: Backend> QwenImageTransformerBlock<B> {
             ctx.key_mask.clone(),
             a,
         );
-        let img = img + i_gate1 * img_attn;
-        let txt = txt + t_gate1 * txt_attn;
+        // The gated residuals keep the activations on the left (the broadcast fast path).
+        let (s_img, s_txt) = (img.dims()[1], txt.dims()[1]);
+        let img = img + img_attn * per_token(i_gate1, s_img);
+        let txt = txt + txt_attn * per_token(t_gate1, s_txt);
 
         let img_mlp = self
             .img_mlp
             .forward(modulate(img.clone(), i_shift2, i_scale2), a);
-        let img = img + i_gate2 * img_mlp;
+        let img = img + img_mlp * per_token(i_gate2, s_img);
         let txt_mlp = self
             .txt_mlp
             .forward(modulate(txt.clone(), t_shift2, t_scale2), a);
-        let txt = txt + t_gate2 * txt_mlp;
+        let txt = txt + txt_mlp * per_token(t_gate2, s_txt);
         (img, txt)
     }
 }

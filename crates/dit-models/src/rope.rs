@@ -146,21 +146,43 @@ impl RopeTables {
     }
 }
 
-/// Rotates `x: [batch, seq, heads, head_dim]` by the tables `cos`, `sin: [seq, head_dim]`
-/// (diffusers `apply_rotary_emb_qwen(..., use_real=False)`):
+/// Expands a table `[seq, head_dim]` to `[batch, seq, heads, head_dim]`, written out
+/// contiguously, once per forward.
+///
+/// The rotation is then element-wise between tensors of one shape. A table broadcast over the
+/// batch and head axes instead would be the same numbers, but burn's CPU backend walks such a
+/// broadcast element by element, which made RoPE a tenth of a small model's forward.
+pub fn expand_rope_table<B: Backend>(
+    table: Tensor<B, 2>,
+    batch: usize,
+    heads: usize,
+) -> Tensor<B, 4> {
+    let [s, d] = table.dims();
+    table
+        .reshape([1, s, 1, d])
+        .repeat_dim(2, heads)
+        .repeat_dim(0, batch)
+}
+
+/// Rotates `x: [batch, seq, heads, head_dim]` by the tables `cos`, `sin` of the same shape
+/// ([`RopeTables::to_tensors`], then [`expand_rope_table`]) (diffusers
+/// `apply_rotary_emb_qwen(..., use_real=False)`):
 /// `out[2p] = x[2p] cos - x[2p+1] sin`, `out[2p+1] = x[2p] sin + x[2p+1] cos`.
 pub fn apply_rope<B: Backend>(
     x: Tensor<B, 4>,
-    cos: &Tensor<B, 2>,
-    sin: &Tensor<B, 2>,
+    cos: &Tensor<B, 4>,
+    sin: &Tensor<B, 4>,
 ) -> Tensor<B, 4> {
     let [b, s, h, d] = x.dims();
+    assert_eq!(
+        (cos.dims(), sin.dims()),
+        ([b, s, h, d], [b, s, h, d]),
+        "RoPE tables must be expanded to the activations' shape [batch, seq, heads, head_dim]"
+    );
     let swapped = x
         .clone()
         .reshape([b, s, h, d / 2, 2])
         .flip([4])
         .reshape([b, s, h, d]);
-    let cos = cos.clone().unsqueeze_dim::<3>(1).unsqueeze::<4>();
-    let sin = sin.clone().unsqueeze_dim::<3>(1).unsqueeze::<4>();
-    x * cos + swapped * sin
+    x * cos.clone() + swapped * sin.clone()
 }
