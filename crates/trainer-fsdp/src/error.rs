@@ -140,6 +140,22 @@ pub enum TrainerError {
         steps: usize,
     },
 
+    /// Trajectories replayed in one batch disagree on a trained step's noise levels (a
+    /// rollout's trajectories share one schedule and one set of trained steps).
+    #[error(
+        "trajectories replayed together disagree on trained step {trained}: sigmas {first:?} in the first, {other:?} in trajectory {trajectory}"
+    )]
+    ReplaySigmas {
+        /// The trained-step position.
+        trained: usize,
+        /// `(sigma, sigma_next)` of the first trajectory.
+        first: (f32, f32),
+        /// `(sigma, sigma_next)` of the disagreeing one.
+        other: (f32, f32),
+        /// Its index in the rollout batch.
+        trajectory: usize,
+    },
+
     /// A JSON file could not be written or parsed.
     #[error("{path} is not valid JSON for {what}")]
     Json {

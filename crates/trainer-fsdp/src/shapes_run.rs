@@ -882,8 +882,14 @@ pub fn evaluate_prompts<Bi: Backend>(
 /// The log-probs `[samples, trained steps]` of a range of the rollout's samples (group-major
 /// indices) under `model`, replayed from the stored trajectories through the kernel.
 ///
+/// Every trained step of every sample in the range goes through the model in one forward of
+/// `samples x trained steps` rows (step-major): at these model sizes one wide forward costs
+/// far less than one per group and step. The log-probs do not depend on how rows are batched
+/// beyond float rounding, and the anchor and the updates replay through this same function.
+///
 /// # Errors
-/// Record and kernel errors.
+/// Record and kernel errors; [`TrainerError::ReplaySigmas`] if the trajectories disagree on a
+/// trained step's noise levels.
 pub fn replay<Bx: Backend>(
     model: &ShapesGenerator<Bx>,
     spec: &SamplerSpec,
@@ -892,38 +898,79 @@ pub fn replay<Bx: Backend>(
     device: &Bx::Device,
 ) -> Result<Tensor<Bx, 2>, TrainerError> {
     let g = batch.group_size();
-    let mut per_step: Vec<Vec<Tensor<Bx, 1>>> = vec![Vec::new(); batch.trained.len()];
+    let mut chunks = Vec::new();
     let mut i = samples.start;
     while i < samples.end {
         let gi = i / g;
         let end = samples.end.min((gi + 1) * g);
-        let slots = (i - gi * g)..(end - gi * g);
-        let traj = &batch.trajectories[gi];
-        let cond = stored_conditioning::<Bx>(traj, slots.len(), device)?;
-        for (s, lps) in per_step.iter_mut().enumerate() {
-            let inputs = traj.replay_inputs::<Bx, 3>(s, slots.clone(), device)?;
-            let n = slots.len();
-            let sigma = Tensor::<Bx, 1>::from_data(
-                TensorData::new(vec![inputs.sigmas.sigma(); n], [n]),
-                device,
-            );
-            let v = model.velocity(inputs.sample.clone(), sigma, &cond);
-            // the stored latents are exact storage-precision values: no second round trip
-            let out = spec.kernel.replay(
-                &inputs.sigmas.into(),
-                v,
-                inputs.sample,
-                inputs.prev_sample,
-                StorageDtype::Native,
-            )?;
-            lps.push(out.log_prob);
-        }
+        chunks.push((gi, (i - gi * g)..(end - gi * g)));
         i = end;
     }
-    let cols: Vec<Tensor<Bx, 2>> = per_step
-        .into_iter()
-        .map(|v| Tensor::cat(v, 0).unsqueeze_dim(1))
+    let n = samples.len();
+    let steps = batch.trained.len();
+    if n == 0 || steps == 0 {
+        return Ok(Tensor::zeros([n, steps], device));
+    }
+    let mut states = Vec::with_capacity(chunks.len());
+    let mut masks = Vec::with_capacity(chunks.len());
+    for (gi, slots) in &chunks {
+        let c = stored_conditioning::<Bx>(&batch.trajectories[*gi], slots.len(), device)?;
+        states.push(c.encoder_hidden_states);
+        masks.push(
+            c.encoder_hidden_states_mask
+                .expect("stored conditioning has a mask"),
+        );
+    }
+    let cond = QwenImageConditioning {
+        encoder_hidden_states: Tensor::cat(states, 0).repeat_dim(0, steps),
+        encoder_hidden_states_mask: Some(Tensor::cat(masks, 0).repeat_dim(0, steps)),
+        img_shapes: image_shapes(),
+    };
+    let mut step_sigmas = Vec::with_capacity(steps);
+    let mut xs = Vec::with_capacity(steps * chunks.len());
+    let mut prevs = Vec::with_capacity(steps * chunks.len());
+    for s in 0..steps {
+        let mut first: Option<sde_math::StepSigmas> = None;
+        for (gi, slots) in &chunks {
+            let inputs =
+                batch.trajectories[*gi].replay_inputs::<Bx, 3>(s, slots.clone(), device)?;
+            match first {
+                None => first = Some(inputs.sigmas),
+                Some(f) if f != inputs.sigmas => {
+                    return Err(TrainerError::ReplaySigmas {
+                        trained: s,
+                        first: (f.sigma(), f.sigma_next()),
+                        other: (inputs.sigmas.sigma(), inputs.sigmas.sigma_next()),
+                        trajectory: *gi,
+                    });
+                }
+                Some(_) => {}
+            }
+            xs.push(inputs.sample);
+            prevs.push(inputs.prev_sample);
+        }
+        step_sigmas.push(first.expect("at least one chunk"));
+    }
+    let sigma_rows: Vec<f32> = step_sigmas
+        .iter()
+        .flat_map(|sg| std::iter::repeat_n(sg.sigma(), n))
         .collect();
+    let sigma = Tensor::<Bx, 1>::from_data(TensorData::new(sigma_rows, [n * steps]), device);
+    let x = Tensor::cat(xs, 0);
+    let prev = Tensor::cat(prevs, 0);
+    let v = model.velocity(x.clone(), sigma, &cond);
+    let mut cols = Vec::with_capacity(steps);
+    for (s, sg) in step_sigmas.into_iter().enumerate() {
+        // the stored latents are exact storage-precision values: no second round trip
+        let out = spec.kernel.replay(
+            &sg.into(),
+            v.clone().narrow(0, s * n, n),
+            x.clone().narrow(0, s * n, n),
+            prev.clone().narrow(0, s * n, n),
+            StorageDtype::Native,
+        )?;
+        cols.push(out.log_prob.unsqueeze_dim(1));
+    }
     Ok(Tensor::cat(cols, 1))
 }
 
