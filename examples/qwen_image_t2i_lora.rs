@@ -19,6 +19,26 @@
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// Keeps the memory mimalloc frees committed, unless `MIMALLOC_PURGE_DELAY` says otherwise.
+///
+/// By default mimalloc hands freed pages back to the OS after 10 ms; a training step frees
+/// and re-allocates its autodiff graph's tensors every few milliseconds, so the kernel zeroed
+/// the same pages over and over (a quarter of the CPU backend's training phase on the shapes
+/// world). The process then keeps its peak memory until it exits.
+fn keep_freed_pages() {
+    // `mi_option_purge_delay` in mimalloc.h; options keep their numbers across versions
+    // (retired ones stay as `deprecated_` placeholders).
+    const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
+    if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
+        // SAFETY: sets a process-wide integer option; called first thing in `main`, before
+        // any other thread exists (the call is not thread safe).
+        #[allow(unsafe_code)]
+        unsafe {
+            libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, -1);
+        }
+    }
+}
+
 use std::path::PathBuf;
 
 use anyhow::{Result, bail};
@@ -62,6 +82,7 @@ struct Args {
 }
 
 fn main() -> Result<()> {
+    keep_freed_pages();
     let args = Args::parse();
     let mut overrides = Vec::new();
     if let Some(dir) = &args.run_dir {
