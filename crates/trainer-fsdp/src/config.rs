@@ -686,7 +686,7 @@ impl TrainConfig {
     ///   LoRA dropout 0, no CFG, no KL — as in the seed;
     /// * scaled: 8 prompts per rollout (64 samples, updates of 32, micro-batches of 16 — one
     ///   per core), LoRA rank 8 / alpha 16 on the eight attention projections, lr `2e-3`
-    ///   (constant), 80 rollouts (7.3 minutes on two cores), evaluation every 20 rollouts on
+    ///   (constant), 80 rollouts (6.6 minutes on two cores), evaluation every 20 rollouts on
     ///   the held-out prompts (4 seeds each): held-out 0.283 -> 0.414, 0.479, 0.547, 0.551.
     ///   Tuned on the committed base. At `3e-3` the reward climbs faster for 20 rollouts and
     ///   then stalls near 0.45-0.5 (44 rollouts: 0.493; 60: 0.461), the images growing
