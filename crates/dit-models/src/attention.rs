@@ -30,12 +30,14 @@ pub fn joint_attention<B: Backend>(
             [b, s],
             "attention key mask must be [batch, seq] = [{b}, {s}]"
         );
-        // Written out rather than broadcast: burn's CPU backend copies a broadcast mask
-        // element by element on every use (forward and backward); rows repeat by `memcpy`.
-        m.bool_not()
-            .reshape([b, 1, 1, s])
-            .repeat_dim(2, s)
-            .repeat_dim(1, h)
+        let m = m.bool_not().reshape([b, 1, 1, s]);
+        // Written out when small (`layers::write_out`): burn's CPU backend copies a broadcast
+        // mask element by element on every use, forward and backward; rows repeat by `memcpy`.
+        if crate::layers::write_out([b, h, s, s]) {
+            m.repeat_dim(2, s).repeat_dim(1, h)
+        } else {
+            m.expand([b, h, s, s])
+        }
     });
     let out = attention(
         q.swap_dims(1, 2),

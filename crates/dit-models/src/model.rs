@@ -8,7 +8,7 @@ use burn::tensor::{Bool, DType, Tensor, TensorData};
 use crate::attention::joint_attention;
 use crate::config::{NORM_EPS, QwenImageConfig};
 use crate::layers::{
-    Adapters, Linear, LinearConfig, RmsNorm, RmsNormConfig, gelu_tanh, layer_norm, silu,
+    Adapters, Linear, LinearConfig, RmsNorm, RmsNormConfig, gelu_tanh, layer_norm, silu, write_out,
 };
 use crate::rope::{ImageShape, apply_rope, expand_rope_table, rope_tables};
 
@@ -557,15 +557,15 @@ fn modulate<B: Backend>(x: Tensor<B, 3>, shift: Tensor<B, 3>, scale: Tensor<B, 3
 }
 
 /// A per-row modulation `[batch, 1, dim]` made ready to multiply or add to `[batch, tokens,
-/// dim]` activations: unchanged for a batch of one, written out to `[batch, tokens, dim]`
-/// otherwise.
+/// dim]` activations: written out to `[batch, tokens, dim]` when that is small
+/// ([`crate::layers::write_out`]) and the batch has more than one row, broadcast otherwise.
 ///
-/// The numbers are the broadcast's. burn's CPU backend has fast paths for a row shared by the
-/// whole tensor, which is the batch-of-one case, but walks any other broadcast element by
-/// element; with a batch of rows that made the modulations and gates a fifth of a small
-/// model's forward. The copy is a row `memcpy` per token.
+/// The numbers are the broadcast's either way. burn's CPU backend has a fast path for a row
+/// shared by the whole tensor (the batch-of-one case) but walks any other broadcast element by
+/// element, which made the modulations and gates a fifth of a small model's forward.
 fn per_token<B: Backend>(m: Tensor<B, 3>, tokens: usize) -> Tensor<B, 3> {
-    if m.dims()[0] == 1 || m.dims()[1] == tokens {
+    let [b, s, d] = m.dims();
+    if b == 1 || s == tokens || !write_out([b, tokens, d]) {
         m
     } else {
         m.repeat_dim(1, tokens)
@@ -667,5 +667,27 @@ impl<B: Backend> QwenImageTransformerBlock<B> {
             .forward(modulate(txt.clone(), t_shift2, t_scale2), a);
         let txt = txt + txt_mlp * per_token(t_gate2, s_txt);
         (img, txt)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::backend::Flex;
+    use burn::tensor::{Distribution, Tensor};
+
+    use super::per_token;
+
+    /// A written-out modulation gives the broadcast's bits.
+    #[test]
+    fn per_token_is_the_broadcast() {
+        let dev = Default::default();
+        let x = Tensor::<Flex, 3>::random([3, 7, 16], Distribution::Normal(0.0, 1.0), &dev);
+        let m = Tensor::<Flex, 3>::random([3, 1, 16], Distribution::Normal(0.0, 1.0), &dev);
+        let written = per_token(m.clone(), 7);
+        assert_eq!(written.dims(), [3, 7, 16]);
+        assert_eq!(
+            (x.clone() * written.clone() + written).into_data(),
+            (x * m.clone() + m).into_data()
+        );
     }
 }

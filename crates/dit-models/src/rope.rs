@@ -146,27 +146,29 @@ impl RopeTables {
     }
 }
 
-/// Expands a table `[seq, head_dim]` to `[batch, seq, heads, head_dim]`, written out
-/// contiguously, once per forward.
+/// Makes a table `[seq, head_dim]` ready to multiply `[batch, seq, heads, head_dim]`
+/// activations, once per forward: written out to that shape when it is small
+/// ([`crate::layers::write_out`]), otherwise `[1, seq, 1, head_dim]` (a broadcast).
 ///
-/// The rotation is then element-wise between tensors of one shape. A table broadcast over the
-/// batch and head axes instead would be the same numbers, but burn's CPU backend walks such a
-/// broadcast element by element, which made RoPE a tenth of a small model's forward.
+/// The numbers are the same either way; burn's CPU backend walks a table broadcast over the
+/// batch and head axes element by element, which made RoPE a tenth of a small model's forward.
 pub fn expand_rope_table<B: Backend>(
     table: Tensor<B, 2>,
     batch: usize,
     heads: usize,
 ) -> Tensor<B, 4> {
     let [s, d] = table.dims();
-    table
-        .reshape([1, s, 1, d])
-        .repeat_dim(2, heads)
-        .repeat_dim(0, batch)
+    let table = table.reshape([1, s, 1, d]);
+    if crate::layers::write_out([batch, s, heads, d]) {
+        table.repeat_dim(2, heads).repeat_dim(0, batch)
+    } else {
+        table
+    }
 }
 
-/// Rotates `x: [batch, seq, heads, head_dim]` by the tables `cos`, `sin` of the same shape
-/// ([`RopeTables::to_tensors`], then [`expand_rope_table`]) (diffusers
-/// `apply_rotary_emb_qwen(..., use_real=False)`):
+/// Rotates `x: [batch, seq, heads, head_dim]` by the tables `cos`, `sin` from
+/// [`RopeTables::to_tensors`] and [`expand_rope_table`] (`[batch, seq, heads, head_dim]` or
+/// `[1, seq, 1, head_dim]`) (diffusers `apply_rotary_emb_qwen(..., use_real=False)`):
 /// `out[2p] = x[2p] cos - x[2p+1] sin`, `out[2p+1] = x[2p] sin + x[2p+1] cos`.
 pub fn apply_rope<B: Backend>(
     x: Tensor<B, 4>,
@@ -174,15 +176,46 @@ pub fn apply_rope<B: Backend>(
     sin: &Tensor<B, 4>,
 ) -> Tensor<B, 4> {
     let [b, s, h, d] = x.dims();
-    assert_eq!(
-        (cos.dims(), sin.dims()),
-        ([b, s, h, d], [b, s, h, d]),
-        "RoPE tables must be expanded to the activations' shape [batch, seq, heads, head_dim]"
-    );
+    for t in [cos, sin] {
+        assert!(
+            t.dims() == [b, s, h, d] || t.dims() == [1, s, 1, d],
+            "RoPE table {:?} fits neither [batch, seq, heads, head_dim] = {:?} nor [1, seq, 1, head_dim]",
+            t.dims(),
+            [b, s, h, d]
+        );
+    }
     let swapped = x
         .clone()
         .reshape([b, s, h, d / 2, 2])
         .flip([4])
         .reshape([b, s, h, d]);
     x * cos.clone() + swapped * sin.clone()
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::backend::Flex;
+    use burn::tensor::{DType, Distribution, Tensor};
+
+    use super::{ImageShape, apply_rope, expand_rope_table, rope_tables};
+
+    /// The written-out tables and the broadcast ones rotate to the same bits.
+    #[test]
+    fn written_out_and_broadcast_tables_agree() {
+        let dev = Default::default();
+        let (b, h, d) = (3, 2, 8);
+        let t = rope_tables([2, 2, 4], &[ImageShape::new(1, 4, 4)], 5);
+        let (cos, sin) = t.to_tensors::<Flex>(&dev, DType::F32);
+        let s = cos.dims()[0];
+        let x = Tensor::<Flex, 4>::random([b, s, h, d], Distribution::Normal(0.0, 1.0), &dev);
+        let (cos_w, sin_w) = (
+            expand_rope_table(cos.clone(), b, h),
+            expand_rope_table(sin.clone(), b, h),
+        );
+        assert_eq!(cos_w.dims(), [b, s, h, d]);
+        let (cos_b, sin_b) = (cos.reshape([1, s, 1, d]), sin.reshape([1, s, 1, d]));
+        let written = apply_rope(x.clone(), &cos_w, &sin_w).into_data();
+        let broadcast = apply_rope(x, &cos_b, &sin_b).into_data();
+        assert_eq!(written, broadcast);
+    }
 }
