@@ -526,7 +526,8 @@ impl<B: Backend> QwenImageTransformer2DModel<B> {
 #[derive(Clone)]
 pub(crate) struct BlockContext<B: Backend> {
     pub(crate) silu_temb: Option<Tensor<B, 2>>,
-    /// The RoPE tables expanded to `[batch, seq, heads, head_dim]` ([`expand_rope_table`]).
+    /// The RoPE tables from [`expand_rope_table`]: `[batch, seq, heads, head_dim]`, or
+    /// `[1, seq, 1, head_dim]` when that would be large.
     pub(crate) cos: Tensor<B, 4>,
     pub(crate) sin: Tensor<B, 4>,
     pub(crate) key_mask: Option<Tensor<B, 2, Bool>>,
@@ -583,9 +584,8 @@ impl<B: Backend> FeedForward<B> {
 impl<B: Backend> JointAttention<B> {
     /// Joint attention over `[text, image]`; returns `(image_out, text_out)`.
     ///
-    /// `cos`/`sin` are the RoPE tables of the joint sequence (text first), expanded to
-    /// `[batch, seq, heads, head_dim]` ([`expand_rope_table`]); `key_mask` is the joint key
-    /// mask.
+    /// `cos`/`sin` are the RoPE tables of the joint sequence (text first) from
+    /// [`expand_rope_table`]; `key_mask` is the joint key mask.
     pub fn forward(
         &self,
         img: Tensor<B, 3>,
