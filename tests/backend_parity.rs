@@ -28,6 +28,33 @@ fn sde_math_fixtures<B: burn::tensor::backend::Backend>(name: &str, dev: &B::Dev
     );
 }
 
+/// Whether `err` should replace `worst` as the worst error seen: a NaN error always does (and,
+/// once worst, is never replaced), so the final `worst <= tol` fails on it; `err > worst` alone
+/// is false for a NaN and would drop it.
+fn is_worse(err: f64, worst: f64) -> bool {
+    !worst.is_nan() && (err.is_nan() || err > worst)
+}
+
+/// [`is_worse`] keeps the first NaN error as the worst, whatever comes before or after it.
+#[test]
+fn a_nan_error_is_the_worst_and_stays_so() {
+    let mut worst = 0.0;
+    for err in [1e-6, 3e-6, f64::NAN, 1.0, f64::NAN, 2e-6] {
+        if is_worse(err, worst) {
+            worst = err;
+        }
+    }
+    assert!(worst.is_nan());
+    let (mut worst, mut at) = (0.0, 0);
+    for (i, err) in [1e-6, f64::NAN, 1.0, f64::NAN].into_iter().enumerate() {
+        if is_worse(err, worst) {
+            (worst, at) = (err, i);
+        }
+    }
+    assert!(worst.is_nan() && at == 1, "the first NaN is named");
+    assert!(is_worse(2.0, 1.0) && !is_worse(1.0, 2.0));
+}
+
 /// How close a GPU backend's transformer comes to the fixtures, relative to the largest output
 /// (or gradient) magnitude.
 ///
@@ -93,10 +120,11 @@ fn transformer_fixtures<B: burn::tensor::backend::Backend>(
             ),
         ] {
             let (shape, data) = dit::values(want);
-            let scale = data.iter().fold(0f32, |m, x| m.max(x.abs())) as f64;
+            // both NaN-aware: a NaN output (or fixture value) makes `err` NaN
+            let scale = dit::max_magnitude(&data);
             let err = dit::max_abs_diff(out, (&shape, &data)) / scale;
             println!("{name}/{what}/{case}: max abs error / max |output| = {err:.3e}");
-            if err > worst.0 {
+            if is_worse(err, worst.0) {
                 worst = (err, format!("{what}/{case}"));
             }
         }
@@ -158,23 +186,21 @@ fn lora_gradients<B: burn::tensor::backend::AutodiffBackend>(
 
     let want = grads::<Autodiff<Flex>>(&Default::default());
     let got = grads::<B>(dev);
+    assert_eq!(want.len(), got.len(), "LoRA gradient count");
     let scale = want
         .iter()
-        .flat_map(|(_, _, v)| v.iter())
-        .fold(0f32, |m, x| m.max(x.abs())) as f64;
+        .map(|(_, _, v)| dit::max_magnitude(v))
+        .fold(0.0, dit::worse);
+    assert!(!scale.is_nan(), "a CPU LoRA gradient is NaN");
     assert!(scale > 0.0, "all LoRA gradients are zero");
     let tol = precision.relative_tolerance();
     let mut worst = (0.0, "");
     for ((n, wd, w), (_, gd, g)) in want.iter().zip(&got) {
         assert_eq!(wd, gd, "{n}: gradient shape");
-        let err = w
-            .iter()
-            .zip(g)
-            .map(|(a, b)| (*a as f64 - *b as f64).abs())
-            .fold(0.0, f64::max)
-            / scale;
+        // NaN-aware: a NaN gradient makes `err` NaN
+        let err = dit::max_abs_err(g, w) / scale;
         println!("{name}: {n}: max abs error / max |gradient| = {err:.3e}");
-        if err > worst.0 {
+        if is_worse(err, worst.0) {
             worst = (err, n);
         }
     }

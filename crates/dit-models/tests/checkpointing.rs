@@ -37,10 +37,10 @@ impl ModuleVisitor<AD> for Compare<'_> {
                 let scale = y.clone().abs().max().into_scalar() as f64;
                 let err = diff(x, y);
                 let rel = err / scale.max(1e-12);
-                if rel > 1e-4 {
+                if rel.is_nan() || rel > 1e-4 {
                     eprintln!("{}: relative error {rel:.2e}", self.path.join("."));
                 }
-                self.worst_rel = self.worst_rel.max(rel);
+                self.worst_rel = worse(self.worst_rel, rel);
             }
             (None, None) => self.absent += 1,
             (x, y) => panic!(

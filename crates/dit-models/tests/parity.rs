@@ -24,7 +24,7 @@ fn all_cases_match<B: Backend>(layout: &str) {
     for c in forward_cases() {
         let name = c["name"].as_str().unwrap();
         let out = model.forward(input::<B>(&c, &dev));
-        worst = worst.max(check(&format!("{layout}/{name}"), out, &c["output"]));
+        worst = worse(worst, check(&format!("{layout}/{name}"), out, &c["output"]));
     }
     eprintln!("{layout}: worst max abs error {worst:.3e} (tolerance {TOL:e})");
 }

@@ -37,6 +37,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use burn::tensor::{Tensor, TensorData, backend::Backend};
 
 use crate::error::{ConfigProblem, FlowGrpoError};
+use crate::stats::{nan_max, nan_min};
 
 /// The divisor applied after per-prompt centring.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -285,9 +286,10 @@ pub struct ComponentStats {
     pub mean: f64,
     /// Population std.
     pub std: f64,
-    /// Minimum.
+    /// Minimum (NaN if any value is NaN; a non-finite reward fails its group or drops its
+    /// component before the statistics, so in practice it is finite).
     pub min: f64,
-    /// Maximum.
+    /// Maximum (NaN likewise).
     pub max: f64,
     /// Mean over groups of the group's own population std (`reward/group_std_mean`).
     pub group_std_mean: f64,
@@ -527,8 +529,8 @@ pub fn compute_advantages(
             ComponentStats {
                 mean: mean(&all),
                 std: StdEstimator::Population.std(&all),
-                min: all.iter().copied().fold(f64::INFINITY, f64::min),
-                max: all.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+                min: nan_min(all.iter().copied()),
+                max: nan_max(all.iter().copied()),
                 group_std_mean: mean(&group_stds),
             },
         );

@@ -61,6 +61,7 @@ mod kl;
 mod loss;
 mod plan;
 mod replay;
+mod stats;
 
 pub use advantages::{
     AdvantageConfig, Advantages, ComponentStats, GroupOutcome, GroupReport, PromptStatTracker,

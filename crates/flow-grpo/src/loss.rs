@@ -3,6 +3,7 @@
 use burn::tensor::{Tensor, backend::Backend};
 
 use crate::FlowGrpoError;
+use crate::stats::{nan_max, nan_min};
 
 /// The PPO ratio band `[1 - low, 1 + high]`. There is no default: FlowGRPO uses a tiny range
 /// (`1e-4` in the shipped recipes, `1e-3` in flow_grpo's), not text RL's `0.2`.
@@ -72,9 +73,9 @@ pub struct ClipDiagnostics {
     pub ratio_mean: f64,
     /// Population std of the ratio.
     pub ratio_std: f64,
-    /// Smallest ratio.
+    /// Smallest ratio; NaN if any ratio is NaN (a NaN log-prob or anchor).
     pub ratio_min: f64,
-    /// Largest ratio.
+    /// Largest ratio; NaN if any ratio is NaN.
     pub ratio_max: f64,
     /// Fraction of elements whose ratio lies outside `[1 - low, 1 + high]` (flow_grpo's
     /// `clipfrac`).
@@ -191,8 +192,8 @@ pub fn grpo_clip_loss<B: Backend>(
     let diagnostics = ClipDiagnostics {
         ratio_mean: m,
         ratio_std: var.sqrt(),
-        ratio_min: r.iter().copied().fold(f64::INFINITY, f64::min),
-        ratio_max: r.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+        ratio_min: nan_min(r.iter().copied()),
+        ratio_max: nan_max(r.iter().copied()),
         clip_fraction: outside as f64 / elements as f64,
         clipped_gradient_fraction: no_grad as f64 / elements as f64,
         approx_kl: 0.5 * d.iter().map(|x| x * x).sum::<f64>() / elements as f64,
@@ -211,4 +212,36 @@ pub(crate) fn host<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f64> {
         .convert::<f64>()
         .into_vec::<f64>()
         .expect("converted to f64")
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::backend::Flex;
+    use burn::tensor::Tensor;
+
+    use super::{ClipRange, grpo_clip_loss};
+
+    /// A NaN log-prob (or anchor) makes the ratio NaN there; the ratio min and max report it
+    /// instead of the extremes of the finite ratios.
+    #[test]
+    fn a_nan_log_prob_gives_nan_ratio_min_and_max() {
+        let dev = Default::default();
+        let finite = [[-1.0, -2.0], [-1.5, -0.5]];
+        let adv = || Tensor::<Flex, 1>::from_floats([1.0, -1.0], &dev);
+        let clip = ClipRange::symmetric(1e-4).unwrap();
+        for at in 0..4 {
+            let mut nan = finite;
+            nan[at / 2][at % 2] = f32::NAN;
+            let (f, n) = (
+                Tensor::<Flex, 2>::from_floats(finite, &dev),
+                Tensor::<Flex, 2>::from_floats(nan, &dev),
+            );
+            for (lp, anchor) in [(n.clone(), f.clone()), (f, n)] {
+                let d = grpo_clip_loss(lp, anchor, adv(), clip).unwrap().diagnostics;
+                assert!(d.ratio_min.is_nan(), "NaN at {at}: {d:?}");
+                assert!(d.ratio_max.is_nan(), "NaN at {at}: {d:?}");
+                assert!(d.ratio_mean.is_nan(), "NaN at {at}: {d:?}");
+            }
+        }
+    }
 }

@@ -5,6 +5,7 @@ use sde_math::{Kernel, Sigmas, StorageDtype, Transition};
 
 use crate::FlowGrpoError;
 use crate::loss::host;
+use crate::stats::nan_max;
 
 /// One stored trained step of a batch of candidates, with the current policy's model output.
 ///
@@ -109,9 +110,10 @@ pub fn replay_log_probs<B: Backend, const D: usize>(
 /// anchor against the engine's own sampling log-probs).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LogProbParity {
-    /// Largest `|a - b|`.
+    /// Largest `|a - b|`; NaN if any difference is NaN (a NaN log-prob on either side, or
+    /// `inf - inf`), never a small number.
     pub max_abs_diff: f64,
-    /// Mean `|a - b|`.
+    /// Mean `|a - b|` (NaN likewise).
     pub mean_abs_diff: f64,
     /// Fraction of elements that are bitwise equal (after widening to `f64`).
     pub bitwise_equal_fraction: f64,
@@ -145,7 +147,8 @@ pub fn log_prob_parity<B: Backend>(
         .filter(|(x, y)| x.to_bits() == y.to_bits())
         .count();
     Ok(LogProbParity {
-        max_abs_diff: diffs.iter().copied().fold(0.0, f64::max),
+        // every |a - b| >= 0, so the max of a non-empty matrix is never below 0
+        max_abs_diff: nan_max(diffs.iter().copied()),
         mean_abs_diff: diffs.iter().sum::<f64>() / diffs.len() as f64,
         bitwise_equal_fraction: equal as f64 / a.len() as f64,
     })
@@ -159,4 +162,42 @@ pub(crate) fn matrix<B: Backend>(
     device: &B::Device,
 ) -> Tensor<B, 2> {
     Tensor::from_data(TensorData::new(values, [rows, cols]), device)
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::backend::Flex;
+    use burn::tensor::Tensor;
+
+    use super::log_prob_parity;
+
+    fn m(v: [[f64; 2]; 2]) -> Tensor<Flex, 2> {
+        Tensor::from_data(v, &Default::default())
+    }
+
+    #[test]
+    fn equal_log_probs_have_parity_zero() {
+        let a = [[-1.0, -2.5], [-0.5, -3.0]];
+        let p = log_prob_parity(m(a), m(a)).unwrap();
+        assert_eq!((p.max_abs_diff, p.bitwise_equal_fraction), (0.0, 1.0));
+    }
+
+    /// A NaN log-prob on either side is reported as NaN parity, not as the largest finite
+    /// difference (the old `fold(0.0, f64::max)` read it as parity 0).
+    #[test]
+    fn a_nan_log_prob_gives_nan_parity() {
+        let a = [[-1.0, -2.5], [-0.5, -3.0]];
+        for at in 0..4 {
+            let mut b = a;
+            b[at / 2][at % 2] = f64::NAN;
+            for p in [
+                log_prob_parity(m(a), m(b)).unwrap(),
+                log_prob_parity(m(b), m(a)).unwrap(),
+            ] {
+                assert!(p.max_abs_diff.is_nan(), "NaN at {at}: {p:?}");
+                assert!(p.mean_abs_diff.is_nan(), "NaN at {at}: {p:?}");
+                assert_eq!(p.bitwise_equal_fraction, 0.75);
+            }
+        }
+    }
 }

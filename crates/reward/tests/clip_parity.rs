@@ -86,7 +86,7 @@ fn small_processor_matches_transformers_pixel_values() {
         let (shape, want) = stored_f32(&format!("small.{name}"));
         assert_eq!(shape, vec![3, 32, 32]);
         let err = max_abs(&p.pixel_values(im), &want);
-        worst = worst.max(err);
+        worst = worse(worst, err);
         assert!(err <= tol, "{name}: {err}");
     }
     eprintln!("small processor: worst max abs error {worst:.3e} (tolerance {tol:.3e})");

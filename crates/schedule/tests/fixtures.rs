@@ -44,12 +44,44 @@ fn f32s(v: &Value) -> Vec<f32> {
         .collect()
 }
 
+/// Max abs difference of two equally long slices; NaN when any difference is NaN (a NaN in
+/// either slice, or `inf - inf`), so that every `err <= TOL` after it fails. (`f64::max` drops a
+/// NaN operand, so it must not be the fold.)
 fn max_abs(a: &[f32], b: &[f32]) -> f64 {
     assert_eq!(a.len(), b.len(), "length");
     a.iter()
         .zip(b)
         .map(|(x, y)| (f64::from(*x) - f64::from(*y)).abs())
-        .fold(0.0, f64::max)
+        .fold(0.0, worse)
+}
+
+/// The larger of two errors, NaN if either is (`f64::max` would drop the NaN).
+fn worse(a: f64, b: f64) -> f64 {
+    if a.is_nan() || b.is_nan() {
+        f64::NAN
+    } else {
+        a.max(b)
+    }
+}
+
+/// The comparison helper itself: a NaN in either slice, at any position, makes `err <= TOL`
+/// (and so [`check`]) fail.
+#[test]
+fn max_abs_fails_on_nan_in_either_input() {
+    let passes = |err: f64| err <= TOL;
+    let clean = [1.0f32, 0.5, 0.0];
+    assert!(passes(max_abs(&clean, &clean)));
+    for i in 0..clean.len() {
+        let mut nan = clean;
+        nan[i] = f32::NAN;
+        for err in [max_abs(&nan, &clean), max_abs(&clean, &nan)] {
+            assert!(err.is_nan(), "NaN at {i} read as error {err}");
+            assert!(!passes(err));
+        }
+    }
+    let inf = [f32::INFINITY; 3];
+    assert!(!passes(max_abs(&inf, &inf)), "inf - inf must not pass");
+    assert!(worse(0.5, f64::NAN).is_nan() && worse(f64::NAN, 0.5).is_nan());
 }
 
 /// The one comparison of this file: a schedule against a fixture case's sigmas and timesteps.
@@ -100,7 +132,7 @@ fn flowmatch_schedules_match_diffusers() {
         let cfg: SchedulerConfig = serde_json::from_value(case["config"].clone()).unwrap();
         let policy = SchedulePolicy::from_config(&cfg).unwrap_or_else(|e| panic!("{name}: {e}"));
         let got = policy.sample_sigmas(h, w, n).unwrap();
-        worst = worst.max(check(name, &got, case));
+        worst = worse(worst, check(name, &got, case));
 
         // mu and the packed token count are the pipeline's
         if let Some(mu) = case["mu"].as_f64() {

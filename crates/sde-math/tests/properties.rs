@@ -23,11 +23,39 @@ fn values<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f64> {
     t.into_data().convert::<f64>().to_vec::<f64>().unwrap()
 }
 
+/// Max abs difference of two equally long slices; NaN when any difference is NaN (a NaN in
+/// either input, or `inf - inf`), so that every `err <= tol` / `err < bound` after it fails.
+/// (`f64::max` drops a NaN operand, so it must not be the fold.)
 fn max_abs_diff(a: &[f64], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len(), "max_abs_diff: lengths differ");
     a.iter()
         .zip(b)
         .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f64::max)
+        .fold(0.0, |worst, e| {
+            if worst.is_nan() || e.is_nan() {
+                f64::NAN
+            } else {
+                worst.max(e)
+            }
+        })
+}
+
+/// The comparison helper itself: a NaN on either side, at any position, makes `err <= tol` fail.
+#[test]
+fn max_abs_diff_fails_on_nan_in_either_input() {
+    let passes = |err: f64| err <= 1e-5;
+    let clean = [0.5, -1.0, 2.0];
+    assert!(passes(max_abs_diff(&clean, &clean)));
+    for i in 0..clean.len() {
+        let mut nan = clean;
+        nan[i] = f64::NAN;
+        for err in [max_abs_diff(&nan, &clean), max_abs_diff(&clean, &nan)] {
+            assert!(err.is_nan(), "NaN at {i} read as error {err}");
+            assert!(!passes(err));
+        }
+    }
+    let inf = [f64::INFINITY; 3];
+    assert!(!passes(max_abs_diff(&inf, &inf)), "inf - inf must not pass");
 }
 
 /// A kernel of each family with noise parameter `p` (already in its valid range).

@@ -1,5 +1,5 @@
 //! Shared helpers of the `dit-models` tests: fixture paths, fixture cases as model inputs, and
-//! the one comparison helper [`check`].
+//! the one comparison helper [`check`] (over [`max_abs_err`], which is NaN on NaN).
 
 #![allow(dead_code)]
 
@@ -104,17 +104,40 @@ pub fn input<B: Backend>(c: &Value, dev: &B::Device) -> QwenImageInput<B> {
     }
 }
 
-/// Max abs difference between a tensor and expected values of the same shape.
+/// The larger of two errors, NaN if either is (`f64::max` would drop the NaN).
+pub fn worse(a: f64, b: f64) -> f64 {
+    if a.is_nan() || b.is_nan() {
+        f64::NAN
+    } else {
+        a.max(b)
+    }
+}
+
+/// Max abs difference of two equally long slices; NaN when any difference is NaN (a NaN in
+/// either slice, or `inf - inf`), so that every `err <= tol` after it fails. (`f64::max` drops a
+/// NaN operand, so it must not be the fold.)
+pub fn max_abs_err(got: &[f32], want: &[f32]) -> f64 {
+    assert_eq!(got.len(), want.len(), "lengths");
+    got.iter()
+        .zip(want)
+        .map(|(a, b)| (*a as f64 - *b as f64).abs())
+        .fold(0.0, worse)
+}
+
+/// Largest `|x|` of a slice (a scale to divide errors by); NaN when any element is NaN.
+pub fn max_magnitude(values: &[f32]) -> f64 {
+    values.iter().map(|x| x.abs() as f64).fold(0.0, worse)
+}
+
+/// Max abs difference between a tensor and expected values of the same shape ([`max_abs_err`]:
+/// NaN on NaN).
 pub fn max_abs_diff<B: Backend, const D: usize>(
     got: Tensor<B, D>,
     want: (&[usize], &[f32]),
 ) -> f64 {
     assert_eq!(got.dims().to_vec(), want.0.to_vec(), "shape");
     let got: Vec<f32> = got.into_data().convert::<f32>().to_vec().unwrap();
-    got.iter()
-        .zip(want.1)
-        .map(|(a, b)| (*a as f64 - *b as f64).abs())
-        .fold(0.0, f64::max)
+    max_abs_err(&got, want.1)
 }
 
 /// Compares `got` with the fixture tensor `want` to [`TOL`]; returns the max abs error.
@@ -126,9 +149,34 @@ pub fn check<B: Backend, const D: usize>(what: &str, got: Tensor<B, D>, want: &V
     err
 }
 
-/// Max abs difference of two tensors.
+/// Max abs difference of two tensors (NaN on NaN, see [`max_abs_err`]).
 pub fn diff<B: Backend, const D: usize>(a: Tensor<B, D>, b: Tensor<B, D>) -> f64 {
     let dims = b.dims();
     let bv: Vec<f32> = b.into_data().convert::<f32>().to_vec().unwrap();
     max_abs_diff(a, (&dims, &bv))
+}
+
+/// The comparison helpers themselves: a NaN in either input, at any position, makes
+/// `err <= tol` fail; a NaN scale is NaN.
+#[test]
+fn max_abs_err_fails_on_nan_in_either_input() {
+    let passes = |err: f64| err <= TOL;
+    let clean = [0.25f32, -1.0, 3.0];
+    assert!(passes(max_abs_err(&clean, &clean)));
+    assert_eq!(max_magnitude(&clean), 3.0);
+    for i in 0..clean.len() {
+        let mut nan = clean;
+        nan[i] = f32::NAN;
+        for err in [max_abs_err(&nan, &clean), max_abs_err(&clean, &nan)] {
+            assert!(err.is_nan(), "NaN at {i} read as error {err}");
+            assert!(!passes(err));
+        }
+        assert!(
+            max_magnitude(&nan).is_nan(),
+            "NaN at {i} dropped from the scale"
+        );
+    }
+    let inf = [f32::INFINITY; 3];
+    assert!(!passes(max_abs_err(&inf, &inf)), "inf - inf must not pass");
+    assert!(worse(0.5, f64::NAN).is_nan() && worse(f64::NAN, 0.5).is_nan());
 }

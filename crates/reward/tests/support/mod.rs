@@ -1,5 +1,5 @@
 //! Shared helpers of the `reward` tests: fixture paths and files, the generator's synthetic
-//! images, and the one comparison helper [`check`].
+//! images, and the one comparison helper [`check`] (over [`max_abs`], which is NaN on NaN).
 
 #![allow(dead_code)]
 
@@ -91,13 +91,44 @@ pub fn stored_f32(name: &str) -> (Vec<usize>, Vec<f32>) {
     (shape, v)
 }
 
-/// Max abs difference of two equally long slices.
+/// Max abs difference of two equally long slices; NaN when any difference is NaN (a NaN in
+/// either slice, or `inf - inf`), so that every `err <= tol` after it fails. (`f64::max` drops a
+/// NaN operand, so it must not be the fold.)
 pub fn max_abs(got: &[f32], want: &[f32]) -> f64 {
     assert_eq!(got.len(), want.len(), "lengths");
     got.iter()
         .zip(want)
         .map(|(a, b)| (*a as f64 - *b as f64).abs())
-        .fold(0.0, f64::max)
+        .fold(0.0, worse)
+}
+
+/// The larger of two errors, NaN if either is (`f64::max` would drop the NaN).
+pub fn worse(a: f64, b: f64) -> f64 {
+    if a.is_nan() || b.is_nan() {
+        f64::NAN
+    } else {
+        a.max(b)
+    }
+}
+
+/// The comparison helper itself: a NaN in either slice, at any position, makes `err <= tol`
+/// fail.
+#[test]
+fn max_abs_fails_on_nan_in_either_input() {
+    let passes = |err: f64| err <= TOL;
+    let clean = [0.25f32, -1.0, 3.0];
+    assert!(passes(max_abs(&clean, &clean)));
+    for i in 0..clean.len() {
+        let mut nan = clean;
+        nan[i] = f32::NAN;
+        for err in [max_abs(&nan, &clean), max_abs(&clean, &nan)] {
+            assert!(err.is_nan(), "NaN at {i} read as error {err}");
+            assert!(!passes(err));
+        }
+    }
+    let inf = [f32::INFINITY; 3];
+    assert!(!passes(max_abs(&inf, &inf)), "inf - inf must not pass");
+    assert!(worse(0.5, f64::NAN).is_nan() && worse(f64::NAN, 0.5).is_nan());
 }
 
 /// Compares a tensor with the fixture tensor `want` to `tol`; returns the max abs error.

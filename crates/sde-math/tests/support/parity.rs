@@ -94,6 +94,10 @@ pub fn values<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f32> {
 }
 
 /// Compares `got` with `want` element-wise; returns the max abs error, panics above `tol`.
+///
+/// A NaN on either side (or `inf - inf`) makes the error NaN, which is kept as the worst (it is
+/// never replaced by a later finite error) and fails `worst <= tol`: the panic names the first
+/// such element.
 pub fn check(label: &str, got: &[f32], want: &[f32], tol: f64) -> f64 {
     assert_eq!(
         got.len(),
@@ -105,7 +109,7 @@ pub fn check(label: &str, got: &[f32], want: &[f32], tol: f64) -> f64 {
     let (mut worst, mut at) = (0.0f64, 0usize);
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
         let e = (f64::from(*g) - f64::from(*w)).abs();
-        if e.is_nan() || e > worst {
+        if !worst.is_nan() && (e.is_nan() || e > worst) {
             worst = e;
             at = i;
         }
@@ -117,6 +121,35 @@ pub fn check(label: &str, got: &[f32], want: &[f32], tol: f64) -> f64 {
         want[at]
     );
     worst
+}
+
+/// The larger of two errors, NaN if either is (`f64::max` would drop the NaN).
+pub fn worse(a: f64, b: f64) -> f64 {
+    if a.is_nan() || b.is_nan() {
+        f64::NAN
+    } else {
+        a.max(b)
+    }
+}
+
+/// The comparison helpers themselves: a NaN in `got` or in `want`, at any position, makes
+/// [`check`] panic, and [`worse`] keeps a NaN error.
+#[test]
+fn check_fails_on_nan_in_either_input() {
+    let clean = [0.25f32, -1.0, 3.0];
+    assert_eq!(check("clean", &clean, &clean, TOL), 0.0);
+    for i in 0..clean.len() {
+        let mut nan = clean;
+        nan[i] = f32::NAN;
+        for (what, got, want) in [("got", &nan, &clean), ("want", &clean, &nan)] {
+            let r = std::panic::catch_unwind(|| check("nan", got, want, TOL));
+            assert!(r.is_err(), "a NaN in {what} at {i} passed the check");
+        }
+    }
+    let inf = [f32::INFINITY; 3];
+    assert!(std::panic::catch_unwind(|| check("inf", &inf, &inf, TOL)).is_err());
+    assert!(worse(0.5, f64::NAN).is_nan() && worse(f64::NAN, 0.5).is_nan());
+    assert_eq!(worse(0.5, 0.25), 0.5);
 }
 
 fn step_sigmas(case: &Value) -> Sigmas {
@@ -149,9 +182,9 @@ pub struct Report {
 
 impl Report {
     fn note(&mut self, mean: f64, sample: f64, log_prob: f64) {
-        self.worst_mean = self.worst_mean.max(mean);
-        self.worst_sample = self.worst_sample.max(sample);
-        self.worst_log_prob = self.worst_log_prob.max(log_prob);
+        self.worst_mean = worse(self.worst_mean, mean);
+        self.worst_sample = worse(self.worst_sample, sample);
+        self.worst_log_prob = worse(self.worst_log_prob, log_prob);
     }
 }
 
@@ -228,7 +261,7 @@ pub fn flow_grpo_sde_step<B: Backend>(fixtures: &Path, dev: &B::Device) -> Repor
         if std::env::var_os("PARITY_VERBOSE").is_some() {
             println!("{name}: mean {m:.1e} sample {s:.1e} log_prob {l:.1e} replay {l2:.1e}");
         }
-        report.note(m, s, l.max(l2));
+        report.note(m, s, worse(l, l2));
         report.cases += 1;
     }
     report
@@ -278,7 +311,7 @@ pub fn dance_flux_step<B: Backend>(fixtures: &Path, dev: &B::Device) -> Report {
             &f32s(&case["replay_log_prob"]),
             TOL,
         );
-        report.note(m, s, l.max(l2));
+        report.note(m, s, worse(l, l2));
         report.cases += 1;
     }
     report
@@ -332,12 +365,13 @@ pub fn ode_solvers<B: Backend>(fixtures: &Path, dev: &B::Device) -> Report {
                 );
                 continue;
             }
-            worst = worst.max(check(
+            let e = check(
                 &format!("{name}: step {i}"),
                 &next,
                 &f32s(&samples[i + 1]),
                 TOL,
-            ));
+            );
+            worst = worse(worst, e);
         }
         // Free-running with our own analytic model: the same velocities, the same endpoint.
         let flow = GaussianFlow::<B, 3> {
@@ -358,12 +392,13 @@ pub fn ode_solvers<B: Backend>(fixtures: &Path, dev: &B::Device) -> Report {
         }
         if nonfinite.is_empty() {
             let end = &f32s(&samples[outputs.len()]);
-            worst = worst.max(check(
+            let e = check(
                 &format!("{name}: free-running endpoint"),
                 &values(x),
                 end,
                 TOL,
-            ));
+            );
+            worst = worse(worst, e);
         }
         report.note(0.0, worst, 0.0);
         report.cases += 1;
