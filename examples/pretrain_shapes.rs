@@ -16,14 +16,16 @@
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-use std::path::PathBuf;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{Context, Result};
 use burn::backend::{Autodiff, Flex};
 use burn::module::AutodiffModule;
 use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
-use burn::tensor::{Tensor, TensorData, backend::Backend};
+use burn::tensor::backend::Backend;
+use burn::tensor::{Tensor, TensorData};
 use clap::Parser;
 use noise_recipe::{NoiseAlgorithm, NoiseRecipe};
 use reward::shapes::{self, Category, RenderOptions, SceneSpec};
@@ -31,9 +33,10 @@ use schedule::SchedulePolicy;
 use sde_math::solvers::OdeSolver;
 use sde_math::{Kernel, StorageDtype};
 use trainer_fsdp::rollout::SamplerSpec;
-use trainer_fsdp::shapes_run::{eval_prompts, evaluate_prompts};
+use trainer_fsdp::run::evaluate_policy;
 use trainer_fsdp::shapes_world::{
-    ShapesGenerator, TOKEN_CHANNELS, TOKEN_GRID, images_to_tensor, pack, pretrain_loss,
+    ShapesGenerator, ShapesWorld, TOKEN_CHANNELS, TOKEN_GRID, eval_prompts, images_to_tensor, pack,
+    pretrain_loss,
 };
 
 type B = Autodiff<Flex>;
@@ -178,24 +181,14 @@ fn main() -> Result<()> {
         }
         if args.eval_every > 0 && (step + 1) % args.eval_every == 0 && step + 1 < args.steps {
             let snapshot = model.valid();
-            evaluate(
-                &snapshot,
-                &held_out,
-                &schedule.sigmas.clone().into_vec(),
-                args.seed,
-            )?;
+            evaluate(&snapshot, &schedule.sigmas.clone().into_vec(), args.seed)?;
             if let Some(dir) = &args.snapshots {
                 snapshot.save(&dir.join(format!("step_{}", step + 1)))?;
             }
         }
     }
     let base = model.valid();
-    let reward = evaluate(
-        &base,
-        &held_out,
-        &schedule.sigmas.clone().into_vec(),
-        args.seed,
-    )?;
+    let reward = evaluate(&base, &schedule.sigmas.clone().into_vec(), args.seed)?;
     base.save(&args.out)
         .with_context(|| format!("saving to {}", args.out.display()))?;
     println!(
@@ -208,36 +201,34 @@ fn main() -> Result<()> {
 
 /// Deterministic 12-step sampling of the held-out prompts (4 seeds each), the same
 /// evaluation the trainer runs, and its mean reward.
-fn evaluate<Bi: Backend>(
-    model: &ShapesGenerator<Bi>,
-    prompts: &[String],
-    sigmas: &[f32],
-    seed: u64,
-) -> Result<f64> {
+fn evaluate(model: &ShapesGenerator<Flex>, sigmas: &[f32], seed: u64) -> Result<f64> {
     let spec = SamplerSpec {
         sigmas: sigmas.to_vec(),
         kernel: Kernel::flow_sde(0.7)?,
         solver: OdeSolver::Euler,
         storage: StorageDtype::F32,
     };
-    let (_, report) = evaluate_prompts(
-        model,
+    let world = ShapesWorld::<Flex>::new(Path::new("."), model.text.clone())?;
+    let (_, stats) = evaluate_policy::<B, _>(
+        &world,
+        &model.dit,
         &spec,
-        prompts,
         4,
         seed,
+        &BTreeMap::from([("shapes".to_string(), 1.0)]),
         std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
         &Default::default(),
     )?;
-    let cats: Vec<String> = report
+    let cats: Vec<String> = stats
         .by_category
         .iter()
         .map(|(k, v)| format!("{k} {v:.2}"))
         .collect();
     println!(
-        "  held-out reward {:.3}  ({})",
-        report.reward,
+        "  held-out reward {:.3} ± {:.3}  ({})",
+        stats.mean,
+        stats.stderr,
         cats.join(", ")
     );
-    Ok(report.reward)
+    Ok(stats.mean)
 }

@@ -46,8 +46,11 @@ use burn::backend::Autodiff;
 use clap::Parser;
 use flowrl::backend::BackendKind;
 use trainer_fsdp::config::GeneratorSource;
-use trainer_fsdp::shapes_run::ShapesWorldRun;
-use trainer_fsdp::{Override, RecipeName, StopFlag, TrainConfig};
+use trainer_fsdp::dispatch::{Job, dispatch};
+use trainer_fsdp::{
+    Algorithm, LocalWorkers, Override, Preflight, RecipeName, Run, RunSummary, StopFlag,
+    TrainConfig, TrainerError, World,
+};
 
 /// FlowGRPO LoRA post-training (the embedded default: the shapes world).
 #[derive(Debug, Parser)]
@@ -138,7 +141,7 @@ fn main() -> Result<()> {
 
 fn train<B: burn::tensor::backend::AutodiffBackend>(
     cfg: TrainConfig,
-    pre: trainer_fsdp::Preflight,
+    pre: Preflight,
     run_dir: PathBuf,
 ) -> Result<()>
 where
@@ -146,22 +149,13 @@ where
 {
     let device = B::Device::default();
     B::seed(&device, cfg.run.seed);
-    println!(
-        "flowrl FlowGRPO ({}): {} rollouts of {} prompts x {} candidates, {} steps (trained {:?}), LoRA rank {}, lr {}, eps_clip {}; run directory {}",
-        cfg.recipe.map(|r| r.as_str()).unwrap_or("config file"),
-        cfg.run.num_rollouts,
-        cfg.grpo.prompts_per_rollout,
-        cfg.grpo.group_size,
-        cfg.sampling.num_inference_steps,
-        cfg.sampling.sde_pool,
-        cfg.lora.as_ref().map(|l| l.rank).unwrap_or(0),
-        cfg.optimizer.lr,
-        cfg.grpo.eps_clip,
-        run_dir.display(),
-    );
-    let stop = StopFlag::install()?;
-    let mut run = ShapesWorldRun::<B>::new(cfg, pre, &run_dir, device)?;
-    let summary = run.run(&stop)?;
+    let job = TrainJob::<B> {
+        cfg: cfg.clone(),
+        pre: pre.clone(),
+        run_dir: run_dir.clone(),
+        device: device.clone(),
+    };
+    let summary = dispatch(&cfg, &pre, &device, job)?;
     println!(
         "done in {:.1} min{}; metrics, reward curve and sample grids in {}",
         summary.seconds / 60.0,
@@ -173,8 +167,57 @@ where
         run_dir.display()
     );
     match (summary.initial_eval, summary.final_eval) {
-        (Some(a), Some(b)) => println!("held-out reward: {a:.3} -> {b:.3}"),
+        (Some(a), Some(b)) => println!(
+            "held-out reward: {:.3} ± {:.3} -> {:.3} ± {:.3}",
+            a.reward, a.stderr, b.reward, b.stderr
+        ),
         _ => println!("held-out reward: not evaluated (eval.interval = 0)"),
     }
     Ok(())
+}
+
+/// The main job in whichever world and algorithm the config names, on one process.
+struct TrainJob<B: burn::tensor::backend::AutodiffBackend> {
+    cfg: TrainConfig,
+    pre: Preflight,
+    run_dir: PathBuf,
+    device: B::Device,
+}
+
+impl<B: burn::tensor::backend::AutodiffBackend> Job<B> for TrainJob<B> {
+    type Output = RunSummary;
+
+    fn run<W: World<B>, A: Algorithm<B, W>>(
+        self,
+        world: W,
+        algorithm: A,
+    ) -> Result<RunSummary, TrainerError> {
+        let cfg = self.cfg;
+        println!(
+            "flowrl {} ({}) in the {}: {} rollouts of {} prompts x {} candidates, {} steps (trained {:?}), LoRA rank {}, lr {}; run directory {}",
+            algorithm.name(),
+            cfg.recipe.map(|r| r.as_str()).unwrap_or("config file"),
+            world.name(),
+            cfg.run.num_rollouts,
+            cfg.grpo.prompts_per_rollout,
+            cfg.grpo.group_size,
+            cfg.sampling.num_inference_steps,
+            cfg.sampling.sde_pool,
+            cfg.lora.as_ref().map(|l| l.rank).unwrap_or(0),
+            cfg.optimizer.lr,
+            self.run_dir.display(),
+        );
+        let stop = StopFlag::install()?;
+        let workers = LocalWorkers::new(cfg.run.threads());
+        let mut run = Run::new(
+            cfg,
+            self.pre,
+            &self.run_dir,
+            self.device,
+            world,
+            algorithm,
+            workers,
+        )?;
+        run.run(&stop)
+    }
 }

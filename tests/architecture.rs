@@ -10,6 +10,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("sde-math", 0),
     ("schedule", 0),
     ("noise-recipe", 0),
+    ("velocity-model", 0),
     ("trajectory", 1),
     ("flow-grpo", 1),
     ("dit-models", 2),

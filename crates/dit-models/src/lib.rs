@@ -63,5 +63,5 @@ pub use layers::Adapters;
 pub use lora::{AdapterContract, DEFAULT_TARGET_MODULES, LoraConfig};
 pub use model::{QwenImageInput, QwenImageTransformer2DModel};
 pub use rope::ImageShape;
-pub use velocity::{QwenImageConditioning, VelocityModel, WithoutAdapters};
+pub use velocity::{Conditioning, QwenImageConditioning, VelocityModel, WithoutAdapters};
 pub use weights::{Checkpoint, ExportDtype, ExportOptions, LoadOptions, WeightDtype};

@@ -1,31 +1,15 @@
-//! The velocity-model interface that samplers and trainers take, instead of a concrete DiT.
+//! The Qwen-Image transformer behind the velocity-model interface (`velocity-model`) that
+//! samplers and trainers take, instead of a concrete DiT.
+
+use std::ops::Range;
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{Bool, Tensor};
+pub use velocity_model::{Conditioning, VelocityModel};
 
 use crate::layers::Adapters;
 use crate::model::{QwenImageInput, QwenImageTransformer2DModel};
 use crate::rope::ImageShape;
-
-/// A flow-matching velocity model: `v = f(x_sigma, sigma, conditioning)`.
-///
-/// Sampling and training code is written against this trait; the concrete transformer, its
-/// adapters and its conditioning format stay behind it. `x` is the packed latent sequence
-/// `[batch, tokens, channels]`, `sigma` the per-sample noise level in `[0, 1]`, and the
-/// output has the shape of `x`'s token grid with the model's output channels.
-pub trait VelocityModel<B: Backend> {
-    /// Everything besides `(x, sigma)` the model is conditioned on (text states, masks,
-    /// token geometry), prepared once per prompt batch and reused across steps.
-    type Conditioning: Clone;
-
-    /// The predicted velocity for `x: [batch, tokens, channels]` at `sigma: [batch]`.
-    fn velocity(
-        &self,
-        x: Tensor<B, 3>,
-        sigma: Tensor<B, 1>,
-        cond: &Self::Conditioning,
-    ) -> Tensor<B, 3>;
-}
 
 /// The conditioning of [`QwenImageTransformer2DModel`].
 #[derive(Clone, Debug)]
@@ -36,6 +20,64 @@ pub struct QwenImageConditioning<B: Backend> {
     pub encoder_hidden_states_mask: Option<Tensor<B, 2, Bool>>,
     /// Token grids of the latent images.
     pub img_shapes: Vec<ImageShape>,
+}
+
+/// Rows are samples: the states and the mask are sliced, concatenated and tiled together;
+/// the token grids (one per image geometry, shared by the batch) stay as they are.
+impl<B: Backend> Conditioning for QwenImageConditioning<B> {
+    fn rows(&self) -> usize {
+        self.encoder_hidden_states.dims()[0]
+    }
+
+    fn slice_rows(&self, range: Range<usize>) -> Self {
+        Self {
+            encoder_hidden_states: self.encoder_hidden_states.clone().slice([range.clone()]),
+            encoder_hidden_states_mask: self
+                .encoder_hidden_states_mask
+                .clone()
+                .map(|m| m.slice([range])),
+            img_shapes: self.img_shapes.clone(),
+        }
+    }
+
+    fn cat_rows(parts: Vec<Self>) -> Self {
+        assert!(!parts.is_empty(), "no conditioning rows to concatenate");
+        let img_shapes = parts[0].img_shapes.clone();
+        assert!(
+            parts.iter().all(|p| p.img_shapes == img_shapes),
+            "conditionings of different image geometries cannot share a batch"
+        );
+        let with_mask = parts[0].encoder_hidden_states_mask.is_some();
+        assert!(
+            parts
+                .iter()
+                .all(|p| p.encoder_hidden_states_mask.is_some() == with_mask),
+            "conditionings with and without a text mask cannot share a batch"
+        );
+        let masks: Option<Vec<Tensor<B, 2, Bool>>> = parts
+            .iter()
+            .map(|p| p.encoder_hidden_states_mask.clone())
+            .collect();
+        Self {
+            encoder_hidden_states: Tensor::cat(
+                parts.into_iter().map(|p| p.encoder_hidden_states).collect(),
+                0,
+            ),
+            encoder_hidden_states_mask: masks.map(|m| Tensor::cat(m, 0)),
+            img_shapes,
+        }
+    }
+
+    fn repeat_rows(&self, times: usize) -> Self {
+        Self {
+            encoder_hidden_states: self.encoder_hidden_states.clone().repeat_dim(0, times),
+            encoder_hidden_states_mask: self
+                .encoder_hidden_states_mask
+                .clone()
+                .map(|m| m.repeat_dim(0, times)),
+            img_shapes: self.img_shapes.clone(),
+        }
+    }
 }
 
 impl<B: Backend> QwenImageConditioning<B> {

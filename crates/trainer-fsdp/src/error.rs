@@ -131,6 +131,26 @@ pub enum TrainerError {
         available: usize,
     },
 
+    /// A world's scorers returned another number of results than samples.
+    #[error("the scorers returned {found} results for {expected} samples")]
+    ScoreCount {
+        /// Samples scored.
+        expected: usize,
+        /// Results returned.
+        found: usize,
+    },
+
+    /// The ranks of a run cannot share the prompt groups of a rollout equally.
+    #[error(
+        "{groups} prompt groups per rollout cannot be shared equally by {world_size} ranks (each rank rolls out whole groups)"
+    )]
+    GroupsNotDivisible {
+        /// Prompt groups per rollout.
+        groups: usize,
+        /// Ranks.
+        world_size: usize,
+    },
+
     /// A trained step index is outside the schedule.
     #[error("trained step {step} is outside a {steps}-step schedule")]
     TrainedStepOutOfRange {

@@ -1,7 +1,7 @@
 //! # trainer-fsdp
 //!
-//! The FlowGRPO training loop's infrastructure, the only crate that composes the lower layers
-//! (`schedule`, `trajectory`, `flow-grpo`, `dit-models`):
+//! The RL training loop and its infrastructure, the only crate that composes the lower layers
+//! (`schedule`, `trajectory`, `flow-grpo`, `dit-models`, `reward`):
 //!
 //! * [`config`]: one typed [`TrainConfig`] (TOML file, named recipes such as seed 002's
 //!   validated Qwen-Image LoRA run [`TrainConfig::qwen_image_t2i_lora`], `key=value`
@@ -18,9 +18,16 @@
 //!   TFRecord format written by hand), a reward-curve PNG, sample grids, progress bars.
 //! * [`signal`]: Ctrl-C / SIGTERM as a [`StopFlag`] the loop checks.
 //! * [`train`]: the `advantages` phase and the optimizer-step part of `train_step`
-//!   (micro-batch gradient accumulation, global clip, AdamW at the scheduled rate, skips).
-//!
-//! The rollout, scoring and evaluation phases need the reward crate and live elsewhere.
+//!   (micro-batch gradient accumulation, all-reduce, global clip, AdamW at the scheduled
+//!   rate, skips).
+//! * [`run`]: the one generic RL loop ([`Run`]) — rollout, score, advantages, train,
+//!   evaluate, checkpoint, resume — over three seams: [`world`] ([`World`]: prompts, encoder,
+//!   policy, decoder, scorers), [`algorithm`] ([`Algorithm`]; [`FlowGrpo`] first) and
+//!   [`workers`] ([`Workers`]; [`LocalWorkers`], one process, first).
+//! * [`rollout`]: the sampler (the kernel on the trained steps, a solver elsewhere) and the
+//!   replay of stored steps.
+//! * [`shapes_world`]: the embedded default's world ([`shapes_world::ShapesWorld`]).
+//! * [`dispatch`]: the world and algorithm a config names, handed to a job generic over both.
 //!
 //! ```
 //! use trainer_fsdp::{RecipeName, TrainConfig};
@@ -31,19 +38,24 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod algorithm;
 pub mod checkpoint;
 pub mod clip;
 pub mod config;
+pub mod dispatch;
 mod error;
 pub mod lr;
 pub mod monitor;
 mod rng;
 pub mod rollout;
-pub mod shapes_run;
+pub mod run;
 pub mod shapes_world;
 pub mod signal;
 pub mod train;
+pub mod workers;
+pub mod world;
 
+pub use algorithm::{Algorithm, FlowGrpo, Recording};
 pub use checkpoint::{
     CheckpointStore, CommittedCheckpoint, CommittedFile, Resume, Resumed, SavedCheckpoint,
     TrainerState, WriteHook, WritePhase,
@@ -62,9 +74,12 @@ pub use monitor::{
     sample_grid, series, write_png, write_reward_curve,
 };
 pub use rng::TrainerRng;
+pub use run::{EvalReport, EvalSummary, RolloutBatch, Run, RunSummary, TrainContext, TrainReport};
 pub use signal::StopFlag;
 pub use train::{
-    AdamWOptimizer, PolicyOptimizer, SkipReason, StepReport, UpdateReport, advantage_metrics,
-    advantages, autodiff_replicas, check_master_dtype, failure_messages, train_step,
-    train_step_threads,
+    AdamWOptimizer, MicroBatchLoss, PolicyOptimizer, SkipReason, StepReport, UpdateReport,
+    advantage_metrics, advantages, autodiff_replicas, check_master_dtype, failure_messages,
+    train_step, train_step_threads,
 };
+pub use workers::{LocalWorkers, ScalarReduce, Workers};
+pub use world::{HeldOutPrompt, LoadedPolicy, World};

@@ -9,13 +9,19 @@
 //! log-probs exactly (ratio 1 on the first update).
 //!
 //! Evaluation uses the same function with no trained steps: a deterministic ODE sample.
+//!
+//! [`replay`] scores stored trained steps under a model: the pi_old anchor and the updates of
+//! a likelihood objective go through it.
+
+use std::ops::Range;
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
-use dit_models::VelocityModel;
 use schedule::SdeSteps;
 use sde_math::solvers::{OdeSolver, SolverState};
 use sde_math::{Kernel, StepSigmas, StorageDtype};
+use trajectory::Trajectory;
+use velocity_model::{Conditioning, VelocityModel};
 
 use crate::error::TrainerError;
 
@@ -187,4 +193,135 @@ pub fn chunk_ranges(n: usize, parts: usize) -> Vec<std::ops::Range<usize>> {
         start += len;
     }
     out
+}
+
+/// Samples a batch in `threads` chunks side by side (on a CPU backend one small forward keeps
+/// about one core busy). `noise(step, rows)` gives the noise of rows `rows` of the batch at a
+/// trained step. Each sample's noise depends on its own rows only and the chunks take slices
+/// of the one conditioning ([`Conditioning::slice_rows`]), so the result is the batch's
+/// whatever the chunking.
+///
+/// # Errors
+/// The first chunk's error.
+pub fn sample_in_chunks<Bx, M, F>(
+    model: &M,
+    cond: &M::Conditioning,
+    x_t: Tensor<Bx, 3>,
+    spec: &SamplerSpec,
+    trained: &SdeSteps,
+    threads: usize,
+    noise: F,
+) -> Result<BatchRollout<Bx>, TrainerError>
+where
+    Bx: Backend,
+    M: VelocityModel<Bx> + Sync,
+    M::Conditioning: Conditioning,
+    F: Fn(usize, Range<usize>) -> Result<Tensor<Bx, 3>, TrainerError> + Sync,
+{
+    let ranges = chunk_ranges(x_t.dims()[0], threads);
+    let parts = scoped_map(&ranges, |r| {
+        let x = x_t.clone().slice([r.clone()]);
+        let c = cond.slice_rows(r.clone());
+        sample_batch(model, &c, x, spec, trained, |step| noise(step, r.clone()))
+    });
+    Ok(concat_rollouts(
+        parts.into_iter().collect::<Result<Vec<_>, _>>()?,
+    ))
+}
+
+/// The log-probs `[samples, trained steps]` of a range of a rollout's samples (group-major
+/// indices, `group * group_size + slot`) under `model`, replayed from the stored trajectories
+/// through the kernel. `restore(trajectory, rows)` rebuilds the conditioning of `rows`
+/// candidates of one group from its sidecar (the world's
+/// [`World::restore_conditioning`](crate::world::World::restore_conditioning)).
+///
+/// Every trained step of every sample in the range goes through the model in one forward of
+/// `samples x trained steps` rows (step-major): at small model sizes one wide forward costs
+/// far less than one per group and step. The log-probs do not depend on how rows are batched
+/// beyond float rounding, and the anchor and the updates replay through this same function.
+///
+/// # Errors
+/// Record and kernel errors; [`TrainerError::ReplaySigmas`] if the trajectories disagree on a
+/// trained step's noise levels.
+pub fn replay<Bx, M, R>(
+    model: &M,
+    spec: &SamplerSpec,
+    trajectories: &[Trajectory],
+    group_size: usize,
+    samples: Range<usize>,
+    restore: R,
+    device: &Bx::Device,
+) -> Result<Tensor<Bx, 2>, TrainerError>
+where
+    Bx: Backend,
+    M: VelocityModel<Bx>,
+    M::Conditioning: Conditioning,
+    R: Fn(&Trajectory, usize) -> Result<M::Conditioning, TrainerError>,
+{
+    let g = group_size;
+    let mut chunks = Vec::new();
+    let mut i = samples.start;
+    while i < samples.end {
+        let gi = i / g;
+        let end = samples.end.min((gi + 1) * g);
+        chunks.push((gi, (i - gi * g)..(end - gi * g)));
+        i = end;
+    }
+    let n = samples.len();
+    let steps = trajectories
+        .first()
+        .map_or(0, |t| t.common.sde_indices.len());
+    if n == 0 || steps == 0 {
+        return Ok(Tensor::zeros([n, steps], device));
+    }
+    let conds = chunks
+        .iter()
+        .map(|(gi, slots)| restore(&trajectories[*gi], slots.len()))
+        .collect::<Result<Vec<_>, _>>()?;
+    let cond = M::Conditioning::cat_rows(conds).repeat_rows(steps);
+    let mut step_sigmas = Vec::with_capacity(steps);
+    let mut xs = Vec::with_capacity(steps * chunks.len());
+    let mut prevs = Vec::with_capacity(steps * chunks.len());
+    for s in 0..steps {
+        let mut first: Option<StepSigmas> = None;
+        for (gi, slots) in &chunks {
+            let inputs = trajectories[*gi].replay_inputs::<Bx, 3>(s, slots.clone(), device)?;
+            match first {
+                None => first = Some(inputs.sigmas),
+                Some(f) if f != inputs.sigmas => {
+                    return Err(TrainerError::ReplaySigmas {
+                        trained: s,
+                        first: (f.sigma(), f.sigma_next()),
+                        other: (inputs.sigmas.sigma(), inputs.sigmas.sigma_next()),
+                        trajectory: *gi,
+                    });
+                }
+                Some(_) => {}
+            }
+            xs.push(inputs.sample);
+            prevs.push(inputs.prev_sample);
+        }
+        step_sigmas.push(first.expect("at least one chunk"));
+    }
+    let sigma_rows: Vec<f32> = step_sigmas
+        .iter()
+        .flat_map(|sg| std::iter::repeat_n(sg.sigma(), n))
+        .collect();
+    let sigma = Tensor::<Bx, 1>::from_data(TensorData::new(sigma_rows, [n * steps]), device);
+    let x = Tensor::cat(xs, 0);
+    let prev = Tensor::cat(prevs, 0);
+    let v = model.velocity(x.clone(), sigma, &cond);
+    let mut cols = Vec::with_capacity(steps);
+    for (s, sg) in step_sigmas.into_iter().enumerate() {
+        // the stored latents are exact storage-precision values: no second round trip
+        let out = spec.kernel.replay(
+            &sg.into(),
+            v.clone().narrow(0, s * n, n),
+            x.clone().narrow(0, s * n, n),
+            prev.clone().narrow(0, s * n, n),
+            StorageDtype::Native,
+        )?;
+        cols.push(out.log_prob.unsqueeze_dim(1));
+    }
+    Ok(Tensor::cat(cols, 1))
 }

@@ -14,7 +14,11 @@
 //!   an embedding, a learned position embedding and a pre-norm transformer encoder, producing
 //!   the `[batch, tokens, joint_attention_dim]` states the transformer attends to, with the
 //!   padding mask.
-//! * [`ShapesGenerator`] holds both and implements [`VelocityModel`] through its transformer.
+//! * [`ShapesGenerator`] holds both and implements [`VelocityModel`] through its transformer
+//!   (what pretraining trains).
+//! * [`ShapesWorld`] is the world the RL run trains in ([`World`]): the transformer is the
+//!   policy, the frozen text encoder the prompt encoder, the codec the decoder, the grammar's
+//!   scenes the prompts ([`eval_prompts`] held out, [`train_prompts`] drawn per rollout).
 //!
 //! The base generator is trained by flow matching on rendered scenes ([`pretrain_loss`];
 //! `cargo run --release --example pretrain_shapes`) and its weights are committed under
@@ -29,15 +33,20 @@ use burn::nn::transformer::{
 use burn::nn::{Embedding, EmbeddingConfig, LayerNorm, LayerNormConfig};
 use burn::prelude::Config;
 use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder};
-use burn::tensor::backend::Backend;
+use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Bool, Distribution, Int, Tensor, TensorData};
 use dit_models::{
     ImageShape, QwenImageConditioning, QwenImageConfig, QwenImageTransformer2DModel, VelocityModel,
 };
-use reward::RgbImage;
-use reward::shapes::IMAGE_SIZE;
+use reward::shapes::{Category, IMAGE_SIZE, SceneSpec, ShapesScorer};
+use reward::{Batch, Components, RgbImage, Scorer};
+use sde_math::StorageDtype;
+use trajectory::{Conditions, Digest, StoredTensor};
 
+use crate::config::Trainable;
 use crate::error::{TrainerError, io_err};
+use crate::rng::TrainerRng;
+use crate::world::{HeldOutPrompt, LoadedPolicy, World};
 
 /// Side of the latent token grid: `IMAGE_SIZE / 4` (space-to-depth 2, then 2x2 patches).
 pub const TOKEN_GRID: usize = IMAGE_SIZE / 4;
@@ -311,39 +320,57 @@ impl<B: Backend> ShapesGenerator<B> {
     /// # Errors
     /// Missing files, mismatched weights.
     pub fn load(dir: &Path, device: &B::Device) -> Result<Self, TrainerError> {
-        let dit = QwenImageTransformer2DModel::from_pretrained(
-            dir.join("transformer"),
-            device,
-            dit_models::LoadOptions {
-                dtype: dit_models::WeightDtype::F32,
-                hash: true,
-            },
-        )?;
-        let cfg_path = dir.join(TEXT_CONFIG_FILE);
-        let text_config =
-            TextEncoderConfig::load(&cfg_path).map_err(|source| TrainerError::ModelConfig {
-                path: cfg_path.clone(),
-                source,
-            })?;
-        let text = text_config
-            .init::<B>(device)
-            .load_file(
-                dir.join("text_encoder"),
-                &NamedMpkFileRecorder::<FullPrecisionSettings>::new(),
-                device,
-            )
-            .map_err(|source| TrainerError::Record {
-                path: dir.join("text_encoder.mpk"),
-                op: "decode",
-                what: "weights",
-                source,
-            })?;
+        let dit = load_transformer::<B>(dir, device)?;
+        let (text, text_config) = load_text_encoder::<B>(dir, device)?;
         Ok(Self {
             text,
             dit,
             text_config,
         })
     }
+}
+
+/// The transformer of a generator directory (`transformer/`, a diffusers directory), with the
+/// base-model hash computed.
+fn load_transformer<B: Backend>(
+    dir: &Path,
+    device: &B::Device,
+) -> Result<QwenImageTransformer2DModel<B>, TrainerError> {
+    Ok(QwenImageTransformer2DModel::from_pretrained(
+        dir.join("transformer"),
+        device,
+        dit_models::LoadOptions {
+            dtype: dit_models::WeightDtype::F32,
+            hash: true,
+        },
+    )?)
+}
+
+/// The text encoder of a generator directory (`text_encoder.mpk` and its shape).
+fn load_text_encoder<B: Backend>(
+    dir: &Path,
+    device: &B::Device,
+) -> Result<(TextEncoder<B>, TextEncoderConfig), TrainerError> {
+    let cfg_path = dir.join(TEXT_CONFIG_FILE);
+    let text_config =
+        TextEncoderConfig::load(&cfg_path).map_err(|source| TrainerError::ModelConfig {
+            path: cfg_path.clone(),
+            source,
+        })?;
+    let text = text_config
+        .init::<B>(device)
+        .load_file(
+            dir.join("text_encoder"),
+            &NamedMpkFileRecorder::<FullPrecisionSettings>::new(),
+            device,
+        )
+        .map_err(|source| TrainerError::Record {
+            path: dir.join("text_encoder.mpk"),
+            op: "decode",
+            what: "weights",
+            source,
+        })?;
+    Ok((text, text_config))
 }
 
 impl<B: Backend> VelocityModel<B> for ShapesGenerator<B> {
@@ -421,4 +448,309 @@ pub fn pretrain_loss<B: Backend>(
     let v = model.velocity(x, sigma, cond);
     let diff = v - (eps - x0);
     (diff.clone() * diff).mean()
+}
+
+/// The number of held-out prompts per category.
+pub const EVAL_PROMPTS_PER_CATEGORY: u64 = 4;
+
+/// The held-out evaluation prompts: 4 per GenEval category, fixed, never used for training
+/// (here or in the base generator's pretraining).
+pub fn eval_prompts() -> Vec<String> {
+    Category::ALL
+        .iter()
+        .flat_map(|&c| {
+            (0..EVAL_PROMPTS_PER_CATEGORY).map(move |i| SceneSpec::sample(c, 10_000 + i).prompt())
+        })
+        .collect()
+}
+
+/// `n` distinct training prompts for a rollout: categories in turn, scenes drawn from the
+/// rollout's stream, held-out prompts excluded. A category whose scenes are all used (single
+/// objects: three shapes, some of them held out) is passed over.
+///
+/// # Errors
+/// [`TrainerError::PromptPoolExhausted`] when fewer than `n` distinct prompts exist outside
+/// the held-out set.
+pub fn train_prompts(
+    rng: &mut TrainerRng,
+    n: usize,
+    held_out: &[String],
+) -> Result<Vec<String>, TrainerError> {
+    let pools: Vec<Vec<String>> = Category::ALL
+        .iter()
+        .map(|&c| {
+            SceneSpec::all(c)
+                .iter()
+                .map(SceneSpec::prompt)
+                .filter(|p| !held_out.contains(p))
+                .collect()
+        })
+        .collect();
+    let available: usize = pools.iter().map(Vec::len).sum();
+    if n > available {
+        return Err(TrainerError::PromptPoolExhausted {
+            requested: n,
+            available,
+        });
+    }
+    let mut out: Vec<String> = Vec::with_capacity(n);
+    let mut k = rng.below(Category::ALL.len() as u64) as usize;
+    while out.len() < n {
+        let c = k % Category::ALL.len();
+        if pools[c].iter().all(|p| out.contains(p)) {
+            k += 1;
+            continue;
+        }
+        let p = SceneSpec::sample(Category::ALL[c], rng.next_u64()).prompt();
+        if !held_out.contains(&p) && !out.contains(&p) {
+            out.push(p);
+            k += 1;
+        }
+    }
+    Ok(out)
+}
+
+/// A scorer the shapes world can hand samples to from several threads.
+pub type SharedScorer = Box<dyn Scorer + Send + Sync>;
+
+/// The shapes world as a [`World`]: the committed base generator's transformer as the policy,
+/// its text encoder (frozen, on the plain backend) as the prompt encoder, the exact
+/// space-to-depth codec as the decoder, the closed grammar's scenes as prompts (the
+/// [`eval_prompts`] held out), and a scorer chosen by the config (the `reward::shapes`
+/// composition judge by default).
+pub struct ShapesWorld<Bi: Backend> {
+    dir: std::path::PathBuf,
+    text: TextEncoder<Bi>,
+    held_out: Vec<HeldOutPrompt>,
+    held_out_prompts: Vec<String>,
+    scorer: SharedScorer,
+}
+
+impl<Bi: Backend> std::fmt::Debug for ShapesWorld<Bi> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShapesWorld")
+            .field("dir", &self.dir)
+            .field("held_out", &self.held_out.len())
+            .field("scorer", &self.scorer.name())
+            .finish()
+    }
+}
+
+impl<Bi: Backend> ShapesWorld<Bi> {
+    /// The world of the generator directory `dir` (written by [`ShapesGenerator::save`]):
+    /// loads the text encoder; the transformer is loaded by [`World::load_policy`].
+    ///
+    /// # Errors
+    /// Missing or mismatched text-encoder files.
+    pub fn load(dir: &Path, device: &Bi::Device) -> Result<Self, TrainerError> {
+        let text = load_text_encoder::<Bi>(dir, device)?.0;
+        Self::new(dir, text)
+    }
+
+    /// The world of a generator whose text encoder is already loaded (pretraining evaluates
+    /// the generator it trains this way); [`World::load_policy`] reads the transformer from
+    /// `dir`.
+    ///
+    /// # Errors
+    /// A held-out prompt outside the grammar (a programming error of this module).
+    pub fn new(dir: &Path, text: TextEncoder<Bi>) -> Result<Self, TrainerError> {
+        let held_out_prompts = eval_prompts();
+        let held_out = held_out_prompts
+            .iter()
+            .map(|p| {
+                Ok(HeldOutPrompt {
+                    prompt: p.clone(),
+                    category: SceneSpec::parse(p)?.category().tag().to_string(),
+                })
+            })
+            .collect::<Result<Vec<_>, TrainerError>>()?;
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            text,
+            held_out,
+            held_out_prompts,
+            scorer: Box::new(ShapesScorer),
+        })
+    }
+
+    /// Replaces the scorer (tests inject scorers that fail or still vary on a random
+    /// generator's images).
+    pub fn with_scorer(mut self, scorer: SharedScorer) -> Self {
+        self.scorer = scorer;
+        self
+    }
+}
+
+impl<B: AutodiffBackend> World<B> for ShapesWorld<B::InnerBackend> {
+    type Cond<Bx: Backend> = QwenImageConditioning<Bx>;
+    type Policy = QwenImageTransformer2DModel<B>;
+    type Sample = RgbImage;
+
+    fn name(&self) -> String {
+        format!("shapes world ({})", self.dir.display())
+    }
+
+    fn latent_shape(&self) -> [usize; 2] {
+        [TOKEN_GRID * TOKEN_GRID, TOKEN_CHANNELS]
+    }
+
+    fn train_prompts(&self, rng: &mut TrainerRng, n: usize) -> Result<Vec<String>, TrainerError> {
+        train_prompts(rng, n, &self.held_out_prompts)
+    }
+
+    fn held_out(&self) -> &[HeldOutPrompt] {
+        &self.held_out
+    }
+
+    fn load_policy(
+        &self,
+        trainable: &Trainable,
+        seed: u64,
+        device: &B::Device,
+    ) -> Result<LoadedPolicy<Self::Policy>, TrainerError> {
+        let mut dit = load_transformer::<B>(&self.dir, device)?;
+        let weight_hash = Digest::sha256(dit.base_model_hash().unwrap_or_default().as_bytes());
+        let mut contract = None;
+        match trainable {
+            Trainable::Lora(lora) => {
+                // the adapter's A matrices are drawn from burn's RNG: seed it from the run
+                B::seed(device, seed);
+                dit = dit.attach_lora(lora)?;
+                contract = Some(dit.adapter_contract()?);
+            }
+            Trainable::Full => {}
+        }
+        Ok(LoadedPolicy {
+            model: dit,
+            contract,
+            weight_hash,
+        })
+    }
+
+    fn encode(
+        &self,
+        prompts: &[&str],
+        device: &B::Device,
+    ) -> Result<QwenImageConditioning<B::InnerBackend>, TrainerError> {
+        let tokens = WordTokenizer.encode(prompts)?;
+        let (states, mask) = self.text.forward(&tokens, device);
+        Ok(QwenImageConditioning {
+            encoder_hidden_states: states,
+            encoder_hidden_states_mask: Some(mask),
+            img_shapes: image_shapes(),
+        })
+    }
+
+    fn store_conditioning(
+        &self,
+        cond: &QwenImageConditioning<B::InnerBackend>,
+        rows: &[usize],
+    ) -> Result<Vec<Conditions>, TrainerError> {
+        store_text_conditioning(cond, rows)
+    }
+
+    fn restore_conditioning<Bx: Backend>(
+        &self,
+        stored: &Conditions,
+        rows: usize,
+        device: &Bx::Device,
+    ) -> Result<QwenImageConditioning<Bx>, TrainerError> {
+        Ok(restore_text_conditioning(
+            stored,
+            rows,
+            image_shapes(),
+            device,
+        ))
+    }
+
+    fn decode(&self, latents: Tensor<B::InnerBackend, 3>) -> Result<Vec<RgbImage>, TrainerError> {
+        tokens_to_images(latents)
+    }
+
+    fn score(
+        &self,
+        samples: &[RgbImage],
+        prompts: &[String],
+    ) -> Result<Vec<Components>, TrainerError> {
+        let meta: Vec<serde_json::Value> = vec![serde_json::Value::Null; prompts.len()];
+        Ok(self
+            .scorer
+            .score(Batch::new(Some(samples), Some(prompts), Some(&meta))?)?)
+    }
+
+    fn image(&self, sample: &RgbImage) -> Option<RgbImage> {
+        Some(sample.clone())
+    }
+}
+
+/// The stored text conditioning of rows `rows`: the states at `f32` (exactly what the
+/// sampler fed the model) and the mask.
+///
+/// # Errors
+/// Non-finite states.
+pub fn store_text_conditioning<Bx: Backend>(
+    cond: &QwenImageConditioning<Bx>,
+    rows: &[usize],
+) -> Result<Vec<Conditions>, TrainerError> {
+    let states = cond
+        .encoder_hidden_states
+        .clone()
+        .into_data()
+        .convert::<f32>()
+        .into_vec::<f32>()
+        .expect("f32");
+    let [_, t, d] = cond.encoder_hidden_states.dims();
+    let mask: Vec<bool> = match &cond.encoder_hidden_states_mask {
+        // through int: GPU backends store bools as u8, the CPU backend natively
+        Some(m) => m
+            .clone()
+            .int()
+            .into_data()
+            .iter::<i64>()
+            .map(|v| v != 0)
+            .collect(),
+        None => Vec::new(),
+    };
+    rows.iter()
+        .map(|&r| {
+            Ok(Conditions {
+                text_embeddings: StoredTensor::from_f32(
+                    "conditions.text",
+                    &states[r * t * d..(r + 1) * t * d],
+                    vec![t, d],
+                    StorageDtype::F32,
+                )?,
+                text_mask: if mask.is_empty() {
+                    vec![true; t]
+                } else {
+                    mask[r * t..(r + 1) * t].to_vec()
+                },
+                extra: std::collections::BTreeMap::new(),
+            })
+        })
+        .collect()
+}
+
+/// The text conditioning of `rows` candidates sharing one stored condition, on any backend.
+pub fn restore_text_conditioning<Bx: Backend>(
+    stored: &Conditions,
+    rows: usize,
+    img_shapes: Vec<ImageShape>,
+    device: &Bx::Device,
+) -> QwenImageConditioning<Bx> {
+    let shape = stored.text_embeddings.shape().to_vec();
+    let values = stored.text_embeddings.to_f32();
+    let states =
+        Tensor::<Bx, 3>::from_data(TensorData::new(values, [1, shape[0], shape[1]]), device)
+            .repeat_dim(0, rows);
+    let mask = Tensor::<Bx, 2, Bool>::from_data(
+        TensorData::new(stored.text_mask.clone(), [1, shape[0]]),
+        device,
+    )
+    .repeat_dim(0, rows);
+    QwenImageConditioning {
+        encoder_hidden_states: states,
+        encoder_hidden_states_mask: Some(mask),
+        img_shapes,
+    }
 }

@@ -5,14 +5,15 @@
 //!
 //! ```text
 //! for each micro-batch mb of the update:          (skipped entirely on degenerate advantages)
-//!     L_mb = loss_fn(model, mb)                   the clipped objective of mb, mean-reduced
+//!     L_mb = loss_fn(model, mb)                   the algorithm's loss of mb, mean-reduced
 //!     grads += d(w_mb * L_mb)/dparams             w_mb = |mb| / |update|: grads of the mean
+//! all-reduce grads over the ranks                 (the workers seam; identity on one rank)
 //! clip grads by their global norm (clip_grad)     non-finite norm: skip the step
 //! AdamW step at lr_at_step(lr_scheduler_steps)    then count the step, bump the policy version
 //! ```
 //!
-//! `rollout`, `score` and `evaluate` are built on the reward crate and a model family and are
-//! not part of this module.
+//! The loss itself comes from the algorithm ([`crate::algorithm::Algorithm`]); `rollout`,
+//! `score` and `evaluate` are phases of the generic run ([`crate::run::Run`]).
 
 use std::marker::PhantomData;
 use std::ops::Range;
@@ -24,8 +25,7 @@ use burn::optim::{AdamW, GradientsAccumulator, GradientsParams, Optimizer};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{DType, ElementConversion, Tensor};
 use flow_grpo::{
-    AdvantageConfig, Advantages, ClipDiagnostics, ClipLoss, PlannedUpdate, PromptStatTracker,
-    RewardGroup, compute_advantages,
+    AdvantageConfig, Advantages, PlannedUpdate, PromptStatTracker, RewardGroup, compute_advantages,
 };
 
 use crate::checkpoint::TrainerState;
@@ -35,6 +35,7 @@ use crate::error::TrainerError;
 use crate::lr::{LrSchedule, LrScheduler};
 use crate::monitor::{Metrics, names};
 use crate::rollout::scoped_map;
+use crate::workers::Workers;
 
 /// Group-relative advantages of one scored rollout (flow-grpo's [`compute_advantages`]).
 ///
@@ -369,25 +370,29 @@ where
     }
 }
 
-/// What one update of the plan did (the `train/*` metrics of seed 002).
+/// One micro-batch's contribution to an update: its mean-reduced loss (with the autodiff graph
+/// to back-propagate), the units of work it replayed, and the algorithm's diagnostics.
+#[derive(Debug)]
+pub struct MicroBatchLoss<B: AutodiffBackend, D> {
+    /// The loss, `[1]`, mean-reduced over the micro-batch.
+    pub loss: Tensor<B, 1>,
+    /// Replayed transitions (samples x trained steps) that entered the loss.
+    pub elements: usize,
+    /// The algorithm's diagnostics of the micro-batch.
+    pub diagnostics: D,
+}
+
+/// What one update of the plan did.
 #[derive(Debug, Clone, PartialEq)]
-pub struct UpdateReport {
-    /// The update's index in the plan (0: the on-policy one, ratio exactly 1).
+pub struct UpdateReport<D> {
+    /// The update's index in the plan (0: the on-policy one).
     pub update_index: usize,
-    /// The update's mean clipped loss (`NaN` when skipped before any forward).
+    /// The update's mean loss: the micro-batches' losses weighted by their share of the update
+    /// (`NaN` when skipped before any forward).
     pub loss: f64,
-    /// Mean importance ratio over the update's (sample, step) elements.
-    pub ratio_mean: f64,
-    /// Pooled std of the ratio.
-    pub ratio_std: f64,
-    /// Smallest ratio.
-    pub ratio_min: f64,
-    /// Largest ratio.
-    pub ratio_max: f64,
-    /// Fraction of elements outside the clip band.
-    pub clip_fraction: f64,
-    /// Approximate KL to pi_old.
-    pub approx_kl: f64,
+    /// The algorithm's diagnostics of every micro-batch, in plan order (empty when skipped
+    /// before any forward).
+    pub micro_batches: Vec<D>,
     /// The optimizer step.
     pub step: StepReport,
     /// Micro-batches of the update.
@@ -400,18 +405,13 @@ pub struct UpdateReport {
     pub seconds: f64,
 }
 
-impl UpdateReport {
-    /// The update's `train/*` and `perf/*` metrics.
+impl<D> UpdateReport<D> {
+    /// The update's algorithm-independent `train/*` and `perf/*` metrics (the algorithm adds
+    /// its own, e.g. the ratio statistics).
     pub fn metrics(&self) -> Metrics {
         let mut m = Metrics::new();
         let skipped = self.step.skipped.is_some();
         m.insert(names::TRAIN_LOSS.into(), self.loss);
-        m.insert(names::TRAIN_RATIO_MEAN.into(), self.ratio_mean);
-        m.insert(names::TRAIN_RATIO_STD.into(), self.ratio_std);
-        m.insert(names::TRAIN_RATIO_MIN.into(), self.ratio_min);
-        m.insert(names::TRAIN_RATIO_MAX.into(), self.ratio_max);
-        m.insert(names::TRAIN_CLIP_FRACTION.into(), self.clip_fraction);
-        m.insert(names::TRAIN_APPROX_KL.into(), self.approx_kl);
         m.insert(
             names::TRAIN_GRAD_NORM.into(),
             self.step.clip.map_or(f64::NAN, |c| c.total_norm),
@@ -445,93 +445,77 @@ impl UpdateReport {
 
 /// One update of the plan: accumulate the gradients of `loss_fn` over the update's
 /// micro-batches (each weighted by its share of the update, so the sum is the gradient of the
-/// update's mean loss), then [`PolicyOptimizer::step`]. With `degenerate` advantages nothing
-/// is forwarded and the step is skipped.
+/// update's mean loss), all-reduce them over the ranks of `workers`, then
+/// [`PolicyOptimizer::step`]. With `degenerate` advantages nothing is forwarded and the step
+/// is skipped.
 ///
-/// `loss_fn(model, samples)` returns the clipped objective of the samples (indices into the
-/// rollout batch), e.g. [`flow_grpo::grpo_clip_loss`] of their replayed log-probs against the
-/// frozen anchor.
+/// `loss_fn(model, samples)` returns the loss of the samples (indices into the rollout batch),
+/// e.g. [`flow_grpo::grpo_clip_loss`] of their replayed log-probs against the frozen anchor.
 ///
 /// # Errors
-/// The first error of `loss_fn`, and those of [`PolicyOptimizer::step`]. The model is
-/// consumed then: such an error (a replay or shape problem, a wrong master dtype) ends the run,
-/// unlike a failed reward group, which [`advantages`] reports and the run survives.
-pub fn train_step<B, M, O, F>(
+/// The first error of `loss_fn`, of the all-reduce, and those of [`PolicyOptimizer::step`].
+/// The model is consumed then: such an error (a replay or shape problem, a wrong master
+/// dtype) ends the run, unlike a failed reward group, which [`advantages`] reports and the
+/// run survives.
+pub fn train_step<B, M, O, K, D, F>(
     model: M,
     optimizer: &mut PolicyOptimizer<B, M, O>,
+    workers: &K,
     update: &PlannedUpdate,
     degenerate: bool,
     mut loss_fn: F,
-) -> Result<(M, UpdateReport), TrainerError>
+) -> Result<(M, UpdateReport<D>), TrainerError>
 where
     B: AutodiffBackend,
     M: AutodiffModule<B>,
     O: Optimizer<M, B>,
-    F: FnMut(&M, Range<usize>) -> Result<ClipLoss<B>, TrainerError>,
+    K: Workers,
+    F: FnMut(&M, Range<usize>) -> Result<MicroBatchLoss<B, D>, TrainerError>,
 {
     let start = Instant::now();
-    let num_microbatches = update.micro_batches.len();
     if degenerate {
-        let (model, step) = optimizer.step(
-            model,
-            GradientsParams::new(),
-            Some(SkipReason::DegenerateAdvantages),
-        )?;
-        return Ok((
-            model,
-            UpdateReport {
-                update_index: update.index,
-                loss: f64::NAN,
-                ratio_mean: f64::NAN,
-                ratio_std: f64::NAN,
-                ratio_min: f64::NAN,
-                ratio_max: f64::NAN,
-                clip_fraction: f64::NAN,
-                approx_kl: f64::NAN,
-                step,
-                num_microbatches,
-                samples: 0,
-                transitions: 0,
-                seconds: start.elapsed().as_secs_f64(),
-            },
-        ));
+        return skip_update(model, optimizer, update, start);
     }
     let mut tally = UpdateTally::default();
     let mut accumulator = GradientsAccumulator::<M>::new();
     for (i, mb) in update.micro_batches.iter().enumerate() {
-        let (d, loss, grads) = micro_batch_grads(&model, update, i, mb.clone(), &mut loss_fn)?;
-        tally.add(&d, loss);
+        let (d, elements, loss, grads) =
+            micro_batch_grads(&model, update, i, mb.clone(), &mut loss_fn)?;
+        tally.add(d, elements, loss);
         accumulator.accumulate::<B>(&model, grads);
     }
-    finish_update(model, optimizer, update, accumulator, tally, start)
+    finish_update(model, optimizer, workers, update, accumulator, tally, start)
 }
 
-/// [`train_step`] with up to `threads` micro-batches forwarded and back-propagated side by
-/// side (on a CPU backend one small forward keeps about one core busy). The gradients are
-/// summed in micro-batch order whatever the threads' timing, so the step is the sequential
-/// one's bit for bit; `threads <= 1` is [`train_step`].
+/// [`train_step`] with up to `workers.host_threads()` micro-batches forwarded and
+/// back-propagated side by side (on a CPU backend one small forward keeps about one core
+/// busy). The gradients are summed in micro-batch order whatever the threads' timing, so the
+/// step is the sequential one's bit for bit; one thread is [`train_step`].
 ///
 /// # Errors
 /// As [`train_step`]; the error of the first failing micro-batch (in plan order).
 ///
 /// # Panics
 /// Re-raises a panic of a worker thread.
-pub fn train_step_threads<B, M, O, F>(
+pub fn train_step_threads<B, M, O, K, D, F>(
     model: M,
     optimizer: &mut PolicyOptimizer<B, M, O>,
+    workers: &K,
     update: &PlannedUpdate,
     degenerate: bool,
-    threads: usize,
     loss_fn: F,
-) -> Result<(M, UpdateReport), TrainerError>
+) -> Result<(M, UpdateReport<D>), TrainerError>
 where
     B: AutodiffBackend,
     M: AutodiffModule<B> + Sync,
     O: Optimizer<M, B>,
-    F: Fn(&M, Range<usize>) -> Result<ClipLoss<B>, TrainerError> + Sync,
+    K: Workers,
+    D: Send,
+    F: Fn(&M, Range<usize>) -> Result<MicroBatchLoss<B, D>, TrainerError> + Sync,
 {
+    let threads = workers.host_threads();
     if threads <= 1 || degenerate || update.micro_batches.len() <= 1 {
-        return train_step(model, optimizer, update, degenerate, &loss_fn);
+        return train_step(model, optimizer, workers, update, degenerate, &loss_fn);
     }
     let start = Instant::now();
     let mut tally = UpdateTally::default();
@@ -547,12 +531,12 @@ where
             })
         });
         for r in results {
-            let (d, loss, grads) = r?;
-            tally.add(&d, loss);
+            let (d, elements, loss, grads) = r?;
+            tally.add(d, elements, loss);
             accumulator.accumulate::<B>(&model, grads);
         }
     }
-    finish_update(model, optimizer, update, accumulator, tally, start)
+    finish_update(model, optimizer, workers, update, accumulator, tally, start)
 }
 
 /// `n` copies of `model` for worker threads: the same values and parameter ids (so their
@@ -564,100 +548,117 @@ pub fn autodiff_replicas<B: AutodiffBackend, M: AutodiffModule<B>>(model: &M, n:
     (0..n).map(|_| M::from_inner(model.valid())).collect()
 }
 
-/// The weighted loss, diagnostics and gradients of micro-batch `i` of an update.
-fn micro_batch_grads<B, M, F>(
-    model: &M,
-    update: &PlannedUpdate,
-    i: usize,
-    mb: Range<usize>,
-    loss_fn: &mut F,
-) -> Result<(ClipDiagnostics, f64, GradientsParams), TrainerError>
-where
-    B: AutodiffBackend,
-    M: AutodiffModule<B>,
-    F: FnMut(&M, Range<usize>) -> Result<ClipLoss<B>, TrainerError>,
-{
-    let out = loss_fn(model, mb)?;
-    let w = update.micro_batch_weight(i);
-    let loss = w * out.loss.clone().into_scalar().elem::<f64>();
-    let grads = out.loss.mul_scalar(w).backward();
-    Ok((
-        out.diagnostics,
-        loss,
-        GradientsParams::from_grads(grads, model),
-    ))
-}
-
-/// Running sums of an update's diagnostics over its micro-batches.
-#[derive(Debug)]
-struct UpdateTally {
-    loss: f64,
-    elements: usize,
-    sum_r: f64,
-    sum_r2: f64,
-    kl: f64,
-    clipped: f64,
-    rmin: f64,
-    rmax: f64,
-}
-
-impl Default for UpdateTally {
-    fn default() -> Self {
-        Self {
-            loss: 0.0,
-            elements: 0,
-            sum_r: 0.0,
-            sum_r2: 0.0,
-            kl: 0.0,
-            clipped: 0.0,
-            rmin: f64::INFINITY,
-            rmax: f64::NEG_INFINITY,
-        }
-    }
-}
-
-impl UpdateTally {
-    fn add(&mut self, d: &ClipDiagnostics, weighted_loss: f64) {
-        let e = d.elements as f64;
-        self.loss += weighted_loss;
-        self.elements += d.elements;
-        self.sum_r += e * d.ratio_mean;
-        self.sum_r2 += e * (d.ratio_std * d.ratio_std + d.ratio_mean * d.ratio_mean);
-        self.kl += e * d.approx_kl;
-        self.clipped += e * d.clip_fraction;
-        self.rmin = self.rmin.min(d.ratio_min);
-        self.rmax = self.rmax.max(d.ratio_max);
-    }
-}
-
-/// The optimizer step on the accumulated gradients and the update's report.
-fn finish_update<B, M, O>(
+/// The skipped update of degenerate advantages: nothing forwarded, no weight touched.
+fn skip_update<B, M, O, D>(
     model: M,
     optimizer: &mut PolicyOptimizer<B, M, O>,
     update: &PlannedUpdate,
-    mut accumulator: GradientsAccumulator<M>,
-    t: UpdateTally,
     start: Instant,
-) -> Result<(M, UpdateReport), TrainerError>
+) -> Result<(M, UpdateReport<D>), TrainerError>
 where
     B: AutodiffBackend,
     M: AutodiffModule<B>,
     O: Optimizer<M, B>,
 {
-    let (model, step) = optimizer.step(model, accumulator.grads(), None)?;
-    let n = t.elements.max(1) as f64;
-    let mean = t.sum_r / n;
+    let (model, step) = optimizer.step(
+        model,
+        GradientsParams::new(),
+        Some(SkipReason::DegenerateAdvantages),
+    )?;
+    Ok((
+        model,
+        UpdateReport {
+            update_index: update.index,
+            loss: f64::NAN,
+            micro_batches: Vec::new(),
+            step,
+            num_microbatches: update.micro_batches.len(),
+            samples: 0,
+            transitions: 0,
+            seconds: start.elapsed().as_secs_f64(),
+        },
+    ))
+}
+
+/// What one micro-batch gave an update: its diagnostics, its replayed transitions, its
+/// weighted loss and its gradients.
+type MicroBatchGrads<D> = (D, usize, f64, GradientsParams);
+
+/// The weighted loss, the diagnostics and the gradients of micro-batch `i` of an update.
+fn micro_batch_grads<B, M, D, F>(
+    model: &M,
+    update: &PlannedUpdate,
+    i: usize,
+    mb: Range<usize>,
+    loss_fn: &mut F,
+) -> Result<MicroBatchGrads<D>, TrainerError>
+where
+    B: AutodiffBackend,
+    M: AutodiffModule<B>,
+    F: FnMut(&M, Range<usize>) -> Result<MicroBatchLoss<B, D>, TrainerError>,
+{
+    let MicroBatchLoss {
+        loss,
+        elements,
+        diagnostics,
+    } = loss_fn(model, mb)?;
+    let w = update.micro_batch_weight(i);
+    let weighted = w * loss.clone().into_scalar().elem::<f64>();
+    let grads = GradientsParams::from_grads(loss.mul_scalar(w).backward(), model);
+    Ok((diagnostics, elements, weighted, grads))
+}
+
+/// Running sums of an update over its micro-batches.
+#[derive(Debug)]
+struct UpdateTally<D> {
+    loss: f64,
+    elements: usize,
+    micro_batches: Vec<D>,
+}
+
+impl<D> Default for UpdateTally<D> {
+    fn default() -> Self {
+        Self {
+            loss: 0.0,
+            elements: 0,
+            micro_batches: Vec::new(),
+        }
+    }
+}
+
+impl<D> UpdateTally<D> {
+    fn add(&mut self, diagnostics: D, elements: usize, weighted_loss: f64) {
+        self.loss += weighted_loss;
+        self.elements += elements;
+        self.micro_batches.push(diagnostics);
+    }
+}
+
+/// The all-reduce and the optimizer step on the accumulated gradients, and the update's
+/// report.
+fn finish_update<B, M, O, K, D>(
+    model: M,
+    optimizer: &mut PolicyOptimizer<B, M, O>,
+    workers: &K,
+    update: &PlannedUpdate,
+    mut accumulator: GradientsAccumulator<M>,
+    t: UpdateTally<D>,
+    start: Instant,
+) -> Result<(M, UpdateReport<D>), TrainerError>
+where
+    B: AutodiffBackend,
+    M: AutodiffModule<B>,
+    O: Optimizer<M, B>,
+    K: Workers,
+{
+    let grads = workers.all_reduce_grads::<B, M>(accumulator.grads(), &model)?;
+    let (model, step) = optimizer.step(model, grads, None)?;
     Ok((
         model,
         UpdateReport {
             update_index: update.index,
             loss: t.loss,
-            ratio_mean: mean,
-            ratio_std: (t.sum_r2 / n - mean * mean).max(0.0).sqrt(),
-            ratio_min: t.rmin,
-            ratio_max: t.rmax,
-            clip_fraction: t.clipped / n,
-            approx_kl: t.kl / n,
+            micro_batches: t.micro_batches,
             step,
             num_microbatches: update.micro_batches.len(),
             samples: update.samples.len(),

@@ -1,45 +1,45 @@
-//! The shapes-world FlowGRPO loop end to end, on a tiny random generator: one full iteration,
-//! the on-policy ratio, a NaN reward, resume, and the refusal of an unsupported generator.
+//! The shapes-world FlowGRPO loop end to end through the generic run, on a tiny random
+//! generator: one full iteration, the on-policy ratio, a NaN reward, resume, and the refusal
+//! of an unsupported generator.
 
 use std::path::Path;
 
-use burn::backend::{Autodiff, Flex};
+use burn::backend::Flex;
 use burn::module::AutodiffModule;
 use reward::shapes::ShapesScorer;
 use reward::{Batch, Components, Input, RewardError, Scorer};
 use trainer_fsdp::config::GeneratorSource;
-use trainer_fsdp::shapes_run::{ShapesWorldRun, eval_prompts, train_prompts};
-use trainer_fsdp::{CheckpointStore, StopFlag, TrainerError, TrainerRng, names, read_jsonl};
+use trainer_fsdp::dispatch::{Job, dispatch};
+use trainer_fsdp::shapes_world::{SharedScorer, eval_prompts, train_prompts};
+use trainer_fsdp::{
+    Algorithm, CheckpointStore, StopFlag, TrainerError, TrainerRng, World, names, read_jsonl,
+};
 
 #[path = "shapes_common/mod.rs"]
 mod shapes_common;
 
 use shapes_common::*;
 
-type B = Autodiff<Flex>;
-
 /// burn's CPU RNG is global: runs that initialise an adapter are serialised so each sees
 /// the seed its config sets.
 static RNG_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-fn start(root: &Path, rollouts: u64, extra: &[&str]) -> ShapesWorldRun<B> {
-    let cfg = tiny_config(root, rollouts, extra);
-    let pre = cfg.preflight().unwrap();
+fn start(root: &Path, rollouts: u64, extra: &[&str], scorer: SharedScorer) -> ShapesRun {
     let _guard = RNG_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    ShapesWorldRun::<B>::new(cfg, pre, &root.join("run"), Default::default()).unwrap()
+    start_in(root, &root.join("run"), rollouts, extra, scorer)
 }
 
 #[test]
 fn one_full_iteration_end_to_end() {
     let root = tempfile::tempdir().unwrap();
     tiny_generator(&root.path().join("generator"));
-    let mut run = start(root.path(), 1, &[]).with_scorer(Box::new(Brightness));
+    let mut run = start(root.path(), 1, &[], Box::new(Brightness));
     let prompts = train_prompts(&mut TrainerRng::seeded(3), 2, &eval_prompts()).unwrap();
 
     // rollout: one sidecar per group, one PNG per candidate, read back validated
     let batch = run.rollout(0, &prompts).unwrap();
     assert_eq!(batch.trajectories.len(), 2);
-    assert_eq!(batch.images.len(), 8);
+    assert_eq!(batch.samples.len(), 8);
     assert_eq!(batch.trained.len(), 2);
     let layout = trajectory::ArtifactLayout::new(root.path().join("artifacts"), "t2i").unwrap();
     let rollout_dir = layout.rollout_dir(trajectory::Split::Train, 0);
@@ -74,7 +74,7 @@ fn one_full_iteration_end_to_end() {
     );
     // the shapes scorer itself scores the same images (the tiny random model draws nothing)
     let shapes_scores = ShapesScorer
-        .score(Batch::new(Some(&batch.images), None, None).unwrap())
+        .score(Batch::new(Some(&batch.samples), None, None).unwrap())
         .map(|_| ());
     assert!(
         shapes_scores.is_err(),
@@ -85,29 +85,43 @@ fn one_full_iteration_end_to_end() {
     let cfg = tiny_config(root.path(), 1, &[]);
     let adv =
         trainer_fsdp::advantages(&cfg.preflight().unwrap().advantages, &groups, None).unwrap();
-    let before = run.model().dit.clone().valid();
+    let before = run.model().clone().valid();
     let report = run.train(&batch, &adv).unwrap();
     // the sampler ran the plain backend, the anchor the autodiff one: they agree to float
     // rounding (burn's autodiff backend decomposes attention where Flex fuses it)
-    assert!(
-        report.logp_parity_max_abs <= 1e-5,
-        "anchor vs rollout log-probs: {}",
-        report.logp_parity_max_abs
-    );
+    let parity = report.frozen[names::TRAIN_LOGP_PARITY_MAX_ABS];
+    assert!(parity <= 1e-5, "anchor vs rollout log-probs: {parity}");
     assert!(!adv.degenerate);
-    let first = &report.updates[0];
-    assert_eq!(
-        (first.ratio_min, first.ratio_max),
-        (1.0, 1.0),
+    let ratio = |u: usize| {
+        let d = &report.updates[u].micro_batches;
+        assert!(!d.is_empty());
+        (
+            d.iter().map(|d| d.ratio_min).fold(f64::INFINITY, f64::min),
+            d.iter()
+                .map(|d| d.ratio_max)
+                .fold(f64::NEG_INFINITY, f64::max),
+        )
+    };
+    assert!(
+        report.updates[0]
+            .micro_batches
+            .iter()
+            .all(|d| d.ratio_min == 1.0 && d.ratio_max == 1.0),
         "first update is on-policy"
     );
-    let second = &report.updates[1];
+    let (lo, hi) = ratio(1);
     assert!(
-        second.ratio_min != 1.0 || second.ratio_max != 1.0,
+        lo != 1.0 || hi != 1.0,
         "the second update replays moved weights"
     );
+    // the algorithm's metrics of the update say the same
+    let m = trainer_fsdp::algorithm::clip_metrics(&report.updates[0]);
+    assert_eq!(
+        (m[names::TRAIN_RATIO_MIN], m[names::TRAIN_RATIO_MAX]),
+        (1.0, 1.0)
+    );
     // the adapter moved
-    let after = run.model().dit.clone().valid();
+    let after = run.model().clone().valid();
     assert!(
         param_bits(&before) != param_bits(&after),
         "an optimizer step changed nothing"
@@ -157,8 +171,12 @@ impl Scorer for NanForFirstGroup {
 fn a_nan_reward_fails_its_group_and_the_run_continues() {
     let root = tempfile::tempdir().unwrap();
     tiny_generator(&root.path().join("generator"));
-    let mut run =
-        start(root.path(), 2, &["eval.interval=0"]).with_scorer(Box::new(NanForFirstGroup(4)));
+    let mut run = start(
+        root.path(),
+        2,
+        &["eval.interval=0"],
+        Box::new(NanForFirstGroup(4)),
+    );
     let summary = run.run(&StopFlag::new()).unwrap();
     assert_eq!(
         summary.last_rollout,
@@ -174,8 +192,8 @@ fn a_nan_reward_fails_its_group_and_the_run_continues() {
 }
 
 /// The policy's transformer parameters (base and adapter), as bits.
-fn adapter_bits(run: &ShapesWorldRun<B>) -> Vec<u32> {
-    param_bits(&run.model().dit.clone().valid())
+fn adapter_bits(run: &ShapesRun) -> Vec<u32> {
+    param_bits(&run.model().clone().valid())
 }
 
 #[test]
@@ -183,18 +201,22 @@ fn resume_continues_from_the_last_commit_with_identical_state() {
     // reference: 2 rollouts in one go
     let a = tempfile::tempdir().unwrap();
     tiny_generator(&a.path().join("generator"));
-    let mut straight = start(a.path(), 2, &["eval.interval=0"]).with_scorer(Box::new(Brightness));
+    let mut straight = start(a.path(), 2, &["eval.interval=0"], Box::new(Brightness));
     straight.run(&StopFlag::new()).unwrap();
 
     // the same, stopped after rollout 0 and resumed
     let b = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(b.path()).unwrap();
     copy_dir(&a.path().join("generator"), &b.path().join("generator"));
-    let mut first = start(b.path(), 1, &["eval.interval=0"]).with_scorer(Box::new(Brightness));
+    let mut first = start(b.path(), 1, &["eval.interval=0"], Box::new(Brightness));
     first.run(&StopFlag::new()).unwrap();
     drop(first);
-    let mut resumed = start(b.path(), 2, &["eval.interval=0", "checkpoint.resume=true"])
-        .with_scorer(Box::new(Brightness));
+    let mut resumed = start(
+        b.path(),
+        2,
+        &["eval.interval=0", "checkpoint.resume=true"],
+        Box::new(Brightness),
+    );
     assert_eq!(resumed.next_rollout(), 1);
     resumed.run(&StopFlag::new()).unwrap();
 
@@ -225,20 +247,39 @@ fn resume_continues_from_the_last_commit_with_identical_state() {
     }
 }
 
+/// A job that only reports which world and algorithm it was handed.
+struct Describe;
+
+impl Job<B> for Describe {
+    type Output = String;
+    fn run<W: World<B>, A: Algorithm<B, W>>(
+        self,
+        world: W,
+        algorithm: A,
+    ) -> Result<String, TrainerError> {
+        Ok(format!("{} / {}", algorithm.name(), world.name()))
+    }
+}
+
 #[test]
-fn a_qwen_image_directory_is_refused_with_what_is_missing() {
+fn the_configured_world_is_dispatched_and_a_qwen_image_directory_refused() {
     let root = tempfile::tempdir().unwrap();
+    tiny_generator(&root.path().join("generator"));
+    let cfg = tiny_config(root.path(), 1, &[]);
+    let pre = cfg.preflight().unwrap();
+    let described = dispatch::<B, _>(&cfg, &pre, &Default::default(), Describe).unwrap();
+    assert!(
+        described.starts_with("FlowGRPO / shapes world"),
+        "{described}"
+    );
+
     let mut cfg = tiny_config(root.path(), 1, &[]);
     cfg.model.generator = GeneratorSource::QwenImage {
         model_path: root.path().join("Qwen-Image"),
         reward_model_path: None,
     };
     let pre = cfg.preflight().unwrap();
-    let err = match ShapesWorldRun::<B>::new(cfg, pre, &root.path().join("run"), Default::default())
-    {
-        Err(e) => e,
-        Ok(_) => panic!("a Qwen-Image run started without a pipeline"),
-    };
+    let err = dispatch::<B, _>(&cfg, &pre, &Default::default(), Describe).unwrap_err();
     assert!(matches!(err, TrainerError::GeneratorUnsupported { .. }));
     let msg = err.to_string();
     assert!(msg.contains("text encoder") && msg.contains("VAE"), "{msg}");
@@ -247,8 +288,7 @@ fn a_qwen_image_directory_is_refused_with_what_is_missing() {
 /// Sampling a batch in chunks on several threads gives the batch's result bit for bit.
 #[test]
 fn chunked_sampling_equals_one_batch() {
-    use trainer_fsdp::rollout::SamplerSpec;
-    use trainer_fsdp::shapes_run::sample_in_chunks;
+    use trainer_fsdp::rollout::{SamplerSpec, sample_in_chunks};
     let root = tempfile::tempdir().unwrap();
     tiny_generator(&root.path().join("generator"));
     let dev = Default::default();
@@ -259,6 +299,7 @@ fn chunked_sampling_equals_one_batch() {
     .unwrap();
     let prompts: Vec<String> = eval_prompts().into_iter().take(5).collect();
     let cond = model.conditioning(&prompts, &dev).unwrap();
+    let model = model.dit;
     let mut g = 1u64;
     let mut normal = |n: usize| -> Vec<f32> {
         (0..n)

@@ -1,4 +1,4 @@
-//! Crash safety of the real training loop (`ShapesWorldRun` on a tiny shapes-world
+//! Crash safety of the real training loop (the generic `Run` in the shapes world, on a tiny
 //! generator), with real processes killed by SIGKILL.
 //!
 //! This test binary is also the child: with `SHAPES_LOOP_CHILD_DIR` set it runs the loop for
@@ -20,14 +20,10 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use burn::backend::{Autodiff, Flex};
 use burn::module::AutodiffModule;
 use crash_harness::{Harness, say};
 use shapes_common::*;
-use trainer_fsdp::shapes_run::ShapesWorldRun;
 use trainer_fsdp::{CheckpointStore, StopFlag, TrainerRng, WritePhase, read_jsonl};
-
-type B = Autodiff<Flex>;
 
 const ROLLOUTS: u64 = 4;
 const FINAL: &str = "final_adapter.bin";
@@ -48,26 +44,24 @@ fn main() {
 
 fn child(dir: &Path) {
     let slow = HARNESS.slow();
-    let cfg = tiny_config(
+    let run = start_in(
         dir,
+        &dir.join("run"),
         ROLLOUTS,
         &[
             "eval.interval=0",
             "checkpoint.resume=true",
             "checkpoint.max_to_keep=2",
         ],
+        Box::new(Brightness),
     );
-    let pre = cfg.preflight().unwrap();
-    let run = ShapesWorldRun::<B>::new(cfg, pre, &dir.join("run"), Default::default()).unwrap();
     say(&format!("START {}", run.next_rollout()));
-    let mut run = run
-        .with_scorer(Box::new(Brightness))
-        .with_checkpoint_hook(Arc::new(move |it, phase| {
-            say(&format!("PHASE {it} {phase:?}"));
-            std::thread::sleep(slow);
-        }));
+    let mut run = run.with_checkpoint_hook(Arc::new(move |it, phase| {
+        say(&format!("PHASE {it} {phase:?}"));
+        std::thread::sleep(slow);
+    }));
     run.run(&StopFlag::new()).unwrap();
-    let bits: Vec<u8> = param_bits(&run.model().dit.clone().valid())
+    let bits: Vec<u8> = param_bits(&run.model().clone().valid())
         .into_iter()
         .flat_map(u32::to_le_bytes)
         .collect();

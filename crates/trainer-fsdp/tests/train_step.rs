@@ -9,11 +9,16 @@ use burn::backend::{Autodiff, NdArray};
 use burn::module::AutodiffModule;
 use burn::tensor::Tensor;
 use common::*;
-use flow_grpo::{ClipDiagnostics, ClipLoss, plan_updates};
+use flow_grpo::{ClipDiagnostics, plan_updates};
+use trainer_fsdp::algorithm::clip_metrics;
 use trainer_fsdp::{
-    AdamWSettings, LrSchedule, MasterDtype, PolicyOptimizer, SkipReason, TrainerError, TrainerRng,
-    advantage_metrics, advantages, names, train_step, train_step_threads,
+    AdamWSettings, LocalWorkers, LrSchedule, MasterDtype, MicroBatchLoss, PolicyOptimizer,
+    SkipReason, TrainerError, TrainerRng, advantage_metrics, advantages, names, train_step,
+    train_step_threads,
 };
+
+/// One rank, one host thread.
+const ONE: LocalWorkers = LocalWorkers::ONE;
 
 fn setup(seed: u64) -> (Policy<AD>, Rollout, flow_grpo::Advantages) {
     let dev = Default::default();
@@ -33,14 +38,15 @@ fn first_update_is_on_policy_and_the_second_is_not() {
     let mut opt = optimizer();
     let before = param_bytes(&model);
 
-    let (model, first) = train_step(model, &mut opt, &plan.updates[0], false, |m, mb| {
+    let (model, first) = train_step(model, &mut opt, &ONE, &plan.updates[0], false, |m, mb| {
         loss(m, &r, &anchor, &adv, mb)
     })
     .unwrap();
-    assert_eq!(first.ratio_min, 1.0);
-    assert_eq!(first.ratio_max, 1.0);
-    assert_eq!(first.clip_fraction, 0.0);
-    assert_eq!(first.approx_kl, 0.0);
+    let c = clip_metrics(&first);
+    assert_eq!(c[names::TRAIN_RATIO_MIN], 1.0);
+    assert_eq!(c[names::TRAIN_RATIO_MAX], 1.0);
+    assert_eq!(c[names::TRAIN_CLIP_FRACTION], 0.0);
+    assert_eq!(c[names::TRAIN_APPROX_KL], 0.0);
     assert_eq!(first.step.skipped, None);
     assert_eq!(first.num_microbatches, 2);
     assert_eq!((first.samples, first.transitions), (4, 8));
@@ -50,15 +56,16 @@ fn first_update_is_on_policy_and_the_second_is_not() {
     assert_eq!(opt.lr_scheduler().steps(), 1);
     assert_eq!(opt.policy_version(), 1);
 
-    let (_, second) = train_step(model, &mut opt, &plan.updates[1], false, |m, mb| {
+    let (_, second) = train_step(model, &mut opt, &ONE, &plan.updates[1], false, |m, mb| {
         loss(m, &r, &anchor, &adv, mb)
     })
     .unwrap();
+    let c = clip_metrics(&second);
     assert!(
-        second.ratio_min < 1.0 || second.ratio_max > 1.0,
+        c[names::TRAIN_RATIO_MIN] < 1.0 || c[names::TRAIN_RATIO_MAX] > 1.0,
         "after a step the ratio leaves 1: {second:?}"
     );
-    assert!(second.approx_kl > 0.0);
+    assert!(c[names::TRAIN_APPROX_KL] > 0.0);
     assert_eq!(second.step.lr, 5e-2);
     assert_eq!(opt.optimizer_steps(), 2);
 
@@ -80,9 +87,14 @@ fn micro_batches_accumulate_to_the_gradient_of_the_whole_update() {
         let plan = plan_updates(8, 2, micro).unwrap();
         let anchor = anchor(&model, &r, &plan);
         let mut opt = optimizer();
-        let (m, report) = train_step(model.clone(), &mut opt, &plan.updates[1], false, |m, mb| {
-            loss(m, &r, &anchor, &adv, mb)
-        })
+        let (m, report) = train_step(
+            model.clone(),
+            &mut opt,
+            &ONE,
+            &plan.updates[1],
+            false,
+            |m, mb| loss(m, &r, &anchor, &adv, mb),
+        )
         .unwrap();
         (m, report)
     };
@@ -120,11 +132,15 @@ fn threaded_micro_batches_step_exactly_like_sequential_ones() {
         let mut m = model.clone();
         let mut reports = Vec::new();
         for update in &plan.updates {
-            let (next, report) =
-                train_step_threads(m, &mut opt, update, false, threads, |m, mb| {
-                    loss(m, &r, &anchor, &adv, mb)
-                })
-                .unwrap();
+            let (next, report) = train_step_threads(
+                m,
+                &mut opt,
+                &LocalWorkers::new(threads),
+                update,
+                false,
+                |m, mb| loss(m, &r, &anchor, &adv, mb),
+            )
+            .unwrap();
             m = next;
             reports.push(report);
         }
@@ -140,7 +156,10 @@ fn threaded_micro_batches_step_exactly_like_sequential_ones() {
         for (a, b) in rs.iter().zip(&rp) {
             assert_eq!(a.num_microbatches, 4);
             assert_eq!(a.loss.to_bits(), b.loss.to_bits());
-            assert_eq!(a.ratio_max.to_bits(), b.ratio_max.to_bits());
+            assert_eq!(
+                clip_metrics(a)[names::TRAIN_RATIO_MAX].to_bits(),
+                clip_metrics(b)[names::TRAIN_RATIO_MAX].to_bits()
+            );
             assert_eq!(
                 a.step.clip.unwrap().total_norm.to_bits(),
                 b.step.clip.unwrap().total_norm.to_bits()
@@ -163,9 +182,14 @@ fn threaded_steps_do_not_deadlock() {
         let mut opt = optimizer();
         let mut m = model;
         for _ in 0..200 {
-            let (next, _) = train_step_threads(m, &mut opt, &plan.updates[0], false, 4, |m, mb| {
-                loss(m, &r, &anchor, &adv, mb)
-            })
+            let (next, _) = train_step_threads(
+                m,
+                &mut opt,
+                &LocalWorkers::new(4),
+                &plan.updates[0],
+                false,
+                |m, mb| loss(m, &r, &anchor, &adv, mb),
+            )
             .unwrap();
             m = next;
         }
@@ -183,12 +207,19 @@ fn a_failing_micro_batch_fails_the_threaded_step() {
     let plan = plan_updates(8, 2, 1).unwrap();
     let anchor = anchor(&model, &r, &plan);
     let mut opt = optimizer();
-    let err = train_step_threads(model, &mut opt, &plan.updates[0], false, 2, |m, mb| {
-        if mb.start == 1 {
-            return Err(TrainerError::TrainedStepOutOfRange { step: 99, steps: 3 });
-        }
-        loss(m, &r, &anchor, &adv, mb)
-    })
+    let err = train_step_threads(
+        model,
+        &mut opt,
+        &LocalWorkers::new(2),
+        &plan.updates[0],
+        false,
+        |m, mb| {
+            if mb.start == 1 {
+                return Err(TrainerError::TrainedStepOutOfRange { step: 99, steps: 3 });
+            }
+            loss(m, &r, &anchor, &adv, mb)
+        },
+    )
     .unwrap_err();
     assert!(
         matches!(err, TrainerError::TrainedStepOutOfRange { step: 99, .. }),
@@ -207,9 +238,16 @@ fn degenerate_advantages_skip_without_a_forward() {
     let plan = plan();
     let mut opt = optimizer();
     let before = param_bytes(&model);
-    let (model, report) = train_step(model, &mut opt, &plan.updates[0], true, |_, _| {
-        panic!("no forward on a degenerate batch")
-    })
+    let (model, report) = train_step(
+        model,
+        &mut opt,
+        &ONE,
+        &plan.updates[0],
+        true,
+        |_, _| -> Result<MicroBatchLoss<AD, ClipDiagnostics>, TrainerError> {
+            panic!("no forward on a degenerate batch")
+        },
+    )
     .unwrap();
     assert_eq!(report.step.skipped, Some(SkipReason::DegenerateAdvantages));
     assert_eq!(param_bytes(&model), before);
@@ -231,9 +269,9 @@ fn a_non_finite_loss_skips_the_step() {
     let anchor = anchor(&model, &r, &plan);
     let mut opt = optimizer();
     let before = param_bytes(&model);
-    let (model, report) = train_step(model, &mut opt, &plan.updates[0], false, |m, mb| {
+    let (model, report) = train_step(model, &mut opt, &ONE, &plan.updates[0], false, |m, mb| {
         let l = loss(m, &r, &anchor, &adv, mb)?;
-        Ok(ClipLoss {
+        Ok(MicroBatchLoss {
             loss: l.loss * Tensor::from_floats([f32::NAN], &Default::default()),
             ..l
         })
@@ -250,8 +288,8 @@ fn the_loss_closure_error_comes_back() {
     let (model, _, _) = setup(5);
     let plan = plan();
     let mut opt = optimizer();
-    let err = train_step(model, &mut opt, &plan.updates[0], false, |_, _| {
-        Err(TrainerError::NoTrainableParameters)
+    let err = train_step(model, &mut opt, &ONE, &plan.updates[0], false, |_, _| {
+        Err::<MicroBatchLoss<AD, ClipDiagnostics>, _>(TrainerError::NoTrainableParameters)
     })
     .err()
     .unwrap();
@@ -271,7 +309,7 @@ fn the_global_clip_engages() {
     };
     let mut opt =
         PolicyOptimizer::adamw(&settings, LrSchedule::constant(1e-3).unwrap(), 1e-6, None);
-    let (_, report) = train_step(model, &mut opt, &plan.updates[0], false, |m, mb| {
+    let (_, report) = train_step(model, &mut opt, &ONE, &plan.updates[0], false, |m, mb| {
         loss(m, &r, &anchor, &adv, mb)
     })
     .unwrap();
@@ -302,14 +340,14 @@ fn the_master_dtype_is_checked() {
     let err = train_step(
         model,
         &mut opt,
+        &ONE,
         &plan.updates[0],
         false,
         |m: &Policy<AD64>, _| {
             let w = m.lin.weight.val();
-            Ok(ClipLoss {
-                loss: w.clone().sum(),
-                per_element: w.clone(),
-                ratio: w,
+            Ok(MicroBatchLoss {
+                loss: w.sum(),
+                elements: 1,
                 diagnostics: ClipDiagnostics {
                     ratio_mean: 1.0,
                     ratio_std: 0.0,

@@ -26,6 +26,10 @@ pub const TRAIN_OPTIMIZER_SKIPS: &str = "train/optimizer_skips";
 pub const TRAIN_NUM_MICROBATCHES: &str = "train/num_microbatches";
 /// The policy version after the round.
 pub const TRAIN_POLICY_VERSION: &str = "train/policy_version";
+/// Max |pi_old anchor - sampler| log-prob over the rollout (0 when the replay reproduces the
+/// sampler bit for bit; float rounding when the sampler's backend fuses what autodiff
+/// decomposes).
+pub const TRAIN_LOGP_PARITY_MAX_ABS: &str = "train/logp_parity_max_abs";
 /// Checkpoint writes that failed (non-fatal).
 pub const TRAIN_CHECKPOINT_FAILURES: &str = "train/checkpoint_failures";
 /// Mean of the combined advantage.

@@ -13,14 +13,14 @@ use burn::nn::Linear;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 use flow_grpo::{
-    AdvantageConfig, AnchorRecorder, ClipLoss, ClipRange, PolicyAnchor, ReplayStep,
+    AdvantageConfig, AnchorRecorder, ClipDiagnostics, ClipRange, PolicyAnchor, ReplayStep,
     RewardComponent, RewardGroup, StdMode, UpdatePlan, grpo_clip_loss, plan_updates,
     replay_log_probs,
 };
 use sde_math::{Kernel, Sigmas, StepSigmas, StorageDtype};
 use trainer_fsdp::{
-    AdamWOptimizer, AdamWSettings, LrSchedule, LrSchedulerKind, PolicyOptimizer, TrainerError,
-    TrainerRng, UpdateReport, advantages, train_step,
+    AdamWOptimizer, AdamWSettings, LocalWorkers, LrSchedule, LrSchedulerKind, MicroBatchLoss,
+    PolicyOptimizer, TrainerError, TrainerRng, UpdateReport, advantages, train_step,
 };
 
 /// The training backend.
@@ -212,15 +212,20 @@ pub fn loss(
     anchor: &PolicyAnchor,
     adv: &flow_grpo::Advantages,
     mb: Range<usize>,
-) -> Result<ClipLoss<AD>, TrainerError> {
+) -> Result<MicroBatchLoss<AD, ClipDiagnostics>, TrainerError> {
     let dev = Default::default();
     let idx: Vec<usize> = mb.clone().collect();
-    Ok(grpo_clip_loss(
+    let out = grpo_clip_loss(
         replay(model, r, mb.clone())?,
         anchor.log_probs::<AD>(mb, &dev)?,
         adv.tensor::<AD>(&idx, &dev),
         clip_range(),
-    )?)
+    )?;
+    Ok(MicroBatchLoss {
+        loss: out.loss,
+        elements: out.diagnostics.elements,
+        diagnostics: out.diagnostics,
+    })
 }
 
 pub type Opt = PolicyOptimizer<AD, Policy<AD>, AdamWOptimizer<AD, Policy<AD>>>;
@@ -251,7 +256,7 @@ pub fn run_rollout(
     model: Policy<AD>,
     opt: &mut Opt,
     rng: &mut TrainerRng,
-) -> (Policy<AD>, Vec<UpdateReport>) {
+) -> (Policy<AD>, Vec<UpdateReport<ClipDiagnostics>>) {
     let r = rollout(&model.valid(), rng);
     let adv = advantages(&advantage_config(), &r.groups, None).unwrap();
     let plan = plan();
@@ -259,9 +264,14 @@ pub fn run_rollout(
     let mut model = model;
     let mut reports = Vec::new();
     for update in &plan.updates {
-        let (m, report) = train_step(model, opt, update, adv.degenerate, |m, mb| {
-            loss(m, &r, &anchor, &adv, mb)
-        })
+        let (m, report) = train_step(
+            model,
+            opt,
+            &LocalWorkers::new(1),
+            update,
+            adv.degenerate,
+            |m, mb| loss(m, &r, &anchor, &adv, mb),
+        )
         .unwrap();
         model = m;
         reports.push(report);

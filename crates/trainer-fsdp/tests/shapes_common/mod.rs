@@ -5,12 +5,40 @@
 
 use std::path::Path;
 
-use burn::backend::Flex;
+use burn::backend::{Autodiff, Flex};
 use burn::module::Module;
 use burn::tensor::backend::Backend;
 use reward::{Batch, Components, Input, RewardError, Scorer};
-use trainer_fsdp::shapes_world::{ShapesGenerator, TextEncoderConfig, transformer_config};
-use trainer_fsdp::{Override, RecipeName, TrainConfig};
+use trainer_fsdp::shapes_world::{
+    ShapesGenerator, ShapesWorld, SharedScorer, TextEncoderConfig, transformer_config,
+};
+use trainer_fsdp::{FlowGrpo, LocalWorkers, Override, RecipeName, Run, TrainConfig};
+
+/// The autodiff backend of the loop tests.
+pub type B = Autodiff<Flex>;
+
+/// The shapes-world FlowGRPO run on one process.
+pub type ShapesRun = Run<B, ShapesWorld<Flex>, FlowGrpo, LocalWorkers>;
+
+/// A run of the tiny config in `root` (generator under `root/generator`), scored by `scorer`,
+/// writing into `run_dir`.
+pub fn start_in(
+    root: &Path,
+    run_dir: &Path,
+    rollouts: u64,
+    extra: &[&str],
+    scorer: SharedScorer,
+) -> ShapesRun {
+    let cfg = tiny_config(root, rollouts, extra);
+    let pre = cfg.preflight().unwrap();
+    let dev = Default::default();
+    let world = ShapesWorld::<Flex>::load(&root.join("generator"), &dev)
+        .unwrap()
+        .with_scorer(scorer);
+    let algorithm = FlowGrpo::new(pre.clip_range);
+    let workers = LocalWorkers::new(cfg.run.threads());
+    Run::new(cfg, pre, run_dir, dev, world, algorithm, workers).unwrap()
+}
 
 /// A tiny random generator written where the shapes-world loader expects it.
 pub fn tiny_generator(dir: &Path) {

@@ -1,0 +1,329 @@
+//! The algorithm seam: what the rollout records, what is frozen before the updates, and the
+//! per-micro-batch loss with its named metrics, behind one trait. The generic run
+//! ([`crate::run::Run`]) calls these hooks and never names an objective.
+//!
+//! [`FlowGrpo`] is the first implementation: the rollout records SDE transitions with their
+//! log-probs, the pi_old anchor is a replay of every trained step under the weights before any
+//! optimizer step, and each micro-batch replays its samples through the live policy into
+//! flow-grpo's clipped objective.
+
+use std::ops::Range;
+
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{Tensor, TensorData};
+use flow_grpo::{
+    AnchorRecorder, ClipDiagnostics, ClipRange, PolicyAnchor, UpdatePlan, grpo_clip_loss,
+    log_prob_parity,
+};
+
+use crate::error::TrainerError;
+use crate::monitor::{Metrics, names};
+use crate::rollout::{replay, scoped_map};
+use crate::run::TrainContext;
+use crate::train::{MicroBatchLoss, UpdateReport, autodiff_replicas};
+use crate::world::World;
+
+/// What a rollout records for the updates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recording {
+    /// The trained SDE steps' transitions (`x_k`, `x_{k+1}`) and the sampler's log-probs, at
+    /// the storage precision: what a likelihood-ratio objective replays.
+    SdeTransitions,
+}
+
+/// An RL objective the generic run trains with. See the module docs.
+pub trait Algorithm<B: AutodiffBackend, W: World<B>>: Sync {
+    /// What [`Algorithm::freeze`] keeps for the rollout's updates (e.g. the pi_old anchor).
+    type Frozen: Sync;
+    /// One micro-batch's diagnostics, combined per update by [`Algorithm::update_metrics`].
+    type Diagnostics: Send;
+
+    /// The algorithm's name, for messages and the run banner.
+    fn name(&self) -> &'static str;
+
+    /// What the rollout records.
+    fn recording(&self) -> Recording;
+
+    /// Called once per rollout, after scoring and before any optimizer step: freezes what the
+    /// updates compare against, and returns metrics about it.
+    ///
+    /// # Errors
+    /// Replay and record errors.
+    fn freeze(
+        &self,
+        ctx: &TrainContext<'_, B, W>,
+        policy: &W::Policy,
+    ) -> Result<(Self::Frozen, Metrics), TrainerError>;
+
+    /// The loss of the rollout samples `samples` (group-major indices) under `policy`, mean-
+    /// reduced over the micro-batch, with its diagnostics.
+    ///
+    /// # Errors
+    /// Replay, shape and objective errors.
+    fn micro_batch_loss(
+        &self,
+        ctx: &TrainContext<'_, B, W>,
+        frozen: &Self::Frozen,
+        policy: &W::Policy,
+        samples: Range<usize>,
+    ) -> Result<MicroBatchLoss<B, Self::Diagnostics>, TrainerError>;
+
+    /// The algorithm's own metrics of one update, from its micro-batches' diagnostics (in
+    /// plan order).
+    fn update_metrics(&self, update: &UpdateReport<Self::Diagnostics>) -> Metrics;
+}
+
+/// FlowGRPO (Liu et al. 2025): the PPO-style clipped objective over the log-probs of the
+/// trained SDE steps, against the pi_old anchor, with group-relative advantages.
+#[derive(Debug, Clone)]
+pub struct FlowGrpo {
+    /// The PPO clip range.
+    pub clip: ClipRange,
+}
+
+impl FlowGrpo {
+    /// FlowGRPO with the clip range `clip`.
+    pub fn new(clip: ClipRange) -> Self {
+        Self { clip }
+    }
+}
+
+/// The log-probs `[samples, trained steps]` of rollout samples under a model on any backend.
+fn replay_samples<B, W, Bx, M>(
+    ctx: &TrainContext<'_, B, W>,
+    model: &M,
+    samples: Range<usize>,
+) -> Result<Tensor<Bx, 2>, TrainerError>
+where
+    B: AutodiffBackend,
+    W: World<B>,
+    Bx: burn::tensor::backend::Backend<Device = B::Device>,
+    M: velocity_model::VelocityModel<Bx, Conditioning = W::Cond<Bx>>,
+{
+    replay(
+        model,
+        ctx.spec,
+        &ctx.batch.trajectories,
+        ctx.batch.group_size(),
+        samples,
+        |traj, rows| {
+            ctx.world
+                .restore_conditioning::<Bx>(&traj.conditions, rows, ctx.device)
+        },
+        ctx.device,
+    )
+}
+
+impl<B: AutodiffBackend, W: World<B>> Algorithm<B, W> for FlowGrpo {
+    type Frozen = PolicyAnchor;
+    type Diagnostics = ClipDiagnostics;
+
+    fn name(&self) -> &'static str {
+        "FlowGRPO"
+    }
+
+    fn recording(&self) -> Recording {
+        Recording::SdeTransitions
+    }
+
+    /// The anchor is replayed through the same (autodiff) model and code path the updates
+    /// use, so the first update's ratio is exactly 1; the sampler's own log-probs (a forward
+    /// without autodiff) are compared with it as `train/logp_parity_max_abs`.
+    fn freeze(
+        &self,
+        ctx: &TrainContext<'_, B, W>,
+        policy: &W::Policy,
+    ) -> Result<(PolicyAnchor, Metrics), TrainerError> {
+        let plan: &UpdatePlan = ctx.plan;
+        let mut recorder = AnchorRecorder::new(plan);
+        let micro: Vec<Range<usize>> = plan.micro_batches().cloned().collect();
+        let threads = ctx.threads.clamp(1, micro.len().max(1));
+        let replicas = autodiff_replicas(policy, threads);
+        for wave in micro.chunks(threads) {
+            let jobs: Vec<(&Range<usize>, &W::Policy)> = wave.iter().zip(&replicas).collect();
+            let lps = scoped_map(&jobs, |(mb, model)| {
+                replay_samples::<B, W, B, _>(ctx, *model, (*mb).clone()).map(|lp| lp.detach())
+            });
+            for (mb, lp) in wave.iter().zip(lps) {
+                recorder.record(mb.clone(), lp?)?;
+            }
+        }
+        let mut rollout_lp = Vec::new();
+        for traj in &ctx.batch.trajectories {
+            rollout_lp.extend(traj.tracks.log_probs.iter().map(|v| f64::from(*v)));
+        }
+        let anchor = recorder.freeze()?;
+        let anchor_all = anchor.log_probs::<B::InnerBackend>(0..plan.num_samples, ctx.device)?;
+        let parity = log_prob_parity(
+            anchor_all,
+            Tensor::<B::InnerBackend, 2>::from_data(
+                TensorData::new(rollout_lp, [plan.num_samples, ctx.batch.trained.len()]),
+                ctx.device,
+            ),
+        )?;
+        let metrics = Metrics::from([(
+            names::TRAIN_LOGP_PARITY_MAX_ABS.to_string(),
+            parity.max_abs_diff,
+        )]);
+        Ok((anchor, metrics))
+    }
+
+    fn micro_batch_loss(
+        &self,
+        ctx: &TrainContext<'_, B, W>,
+        anchor: &PolicyAnchor,
+        policy: &W::Policy,
+        samples: Range<usize>,
+    ) -> Result<MicroBatchLoss<B, ClipDiagnostics>, TrainerError> {
+        let lp = replay_samples::<B, W, B, _>(ctx, policy, samples.clone())?;
+        let idx: Vec<usize> = samples.clone().collect();
+        let out = grpo_clip_loss(
+            lp,
+            anchor.log_probs::<B>(samples, ctx.device)?,
+            ctx.advantages.tensor::<B>(&idx, ctx.device),
+            self.clip,
+        )?;
+        Ok(MicroBatchLoss {
+            loss: out.loss,
+            elements: out.diagnostics.elements,
+            diagnostics: out.diagnostics,
+        })
+    }
+
+    fn update_metrics(&self, update: &UpdateReport<ClipDiagnostics>) -> Metrics {
+        clip_metrics(update)
+    }
+}
+
+/// The ratio metrics of one clipped-objective update, pooled over its micro-batches:
+/// `train/ratio_{mean,std,min,max}`, `train/clip_fraction`, `train/approx_kl` (NaN for an
+/// update that forwarded nothing).
+pub fn clip_metrics(update: &UpdateReport<ClipDiagnostics>) -> Metrics {
+    let t = RatioTally::over(&update.micro_batches);
+    let mut m = Metrics::new();
+    m.insert(names::TRAIN_RATIO_MEAN.into(), t.mean());
+    m.insert(names::TRAIN_RATIO_STD.into(), t.std());
+    m.insert(names::TRAIN_RATIO_MIN.into(), t.rmin);
+    m.insert(names::TRAIN_RATIO_MAX.into(), t.rmax);
+    m.insert(names::TRAIN_CLIP_FRACTION.into(), t.clipped / t.n());
+    m.insert(names::TRAIN_APPROX_KL.into(), t.kl / t.n());
+    m
+}
+
+/// Pooled ratio statistics over an update's micro-batches (each micro-batch's statistics are
+/// over its own `(sample, step)` elements). NaN when the update forwarded nothing (a skipped
+/// update), or when any micro-batch's statistic is NaN.
+#[derive(Debug)]
+struct RatioTally {
+    elements: usize,
+    sum_r: f64,
+    sum_r2: f64,
+    kl: f64,
+    clipped: f64,
+    rmin: f64,
+    rmax: f64,
+}
+
+impl RatioTally {
+    fn over(parts: &[ClipDiagnostics]) -> Self {
+        let mut t = Self {
+            elements: 0,
+            sum_r: 0.0,
+            sum_r2: 0.0,
+            kl: 0.0,
+            clipped: 0.0,
+            rmin: if parts.is_empty() {
+                f64::NAN
+            } else {
+                f64::INFINITY
+            },
+            rmax: if parts.is_empty() {
+                f64::NAN
+            } else {
+                f64::NEG_INFINITY
+            },
+        };
+        for d in parts {
+            let e = d.elements as f64;
+            t.elements += d.elements;
+            t.sum_r += e * d.ratio_mean;
+            t.sum_r2 += e * (d.ratio_std * d.ratio_std + d.ratio_mean * d.ratio_mean);
+            t.kl += e * d.approx_kl;
+            t.clipped += e * d.clip_fraction;
+            t.rmin = nan_min(t.rmin, d.ratio_min);
+            t.rmax = nan_max(t.rmax, d.ratio_max);
+        }
+        t
+    }
+
+    fn n(&self) -> f64 {
+        if self.elements == 0 {
+            f64::NAN
+        } else {
+            self.elements as f64
+        }
+    }
+
+    fn mean(&self) -> f64 {
+        self.sum_r / self.n()
+    }
+
+    fn std(&self) -> f64 {
+        let mean = self.mean();
+        (self.sum_r2 / self.n() - mean * mean).max(0.0).sqrt()
+    }
+}
+
+/// The smaller of two values, NaN if either is NaN (`f64::min` drops a NaN).
+pub(crate) fn nan_min(a: f64, b: f64) -> f64 {
+    if a.is_nan() || b.is_nan() {
+        f64::NAN
+    } else {
+        a.min(b)
+    }
+}
+
+/// The larger of two values, NaN if either is NaN (`f64::max` drops a NaN).
+pub(crate) fn nan_max(a: f64, b: f64) -> f64 {
+    if a.is_nan() || b.is_nan() {
+        f64::NAN
+    } else {
+        a.max(b)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nan_aware_extremes_keep_the_nan() {
+        assert!(nan_max(1.0, f64::NAN).is_nan());
+        assert!(nan_max(f64::NAN, 1.0).is_nan());
+        assert!(nan_min(f64::NAN, -1.0).is_nan());
+        assert_eq!(nan_max(1.0, 2.0), 2.0);
+        assert_eq!(nan_min(1.0, 2.0), 1.0);
+    }
+
+    #[test]
+    fn ratio_tally_pools_micro_batches() {
+        let d = |mean: f64, std: f64, min: f64, max: f64, e: usize| ClipDiagnostics {
+            ratio_mean: mean,
+            ratio_std: std,
+            ratio_min: min,
+            ratio_max: max,
+            clip_fraction: 0.5,
+            clipped_gradient_fraction: 0.0,
+            approx_kl: 0.0,
+            elements: e,
+        };
+        let t = RatioTally::over(&[d(1.0, 0.0, 1.0, 1.0, 2), d(3.0, 0.0, 3.0, 3.0, 2)]);
+        assert_eq!(t.mean(), 2.0);
+        assert_eq!(t.std(), 1.0);
+        assert_eq!((t.rmin, t.rmax), (1.0, 3.0));
+        let t = RatioTally::over(&[d(1.0, 0.0, 1.0, f64::NAN, 2)]);
+        assert!(t.rmax.is_nan());
+        let t = RatioTally::over(&[]);
+        assert!(t.mean().is_nan() && t.rmin.is_nan());
+    }
+}

@@ -1,0 +1,938 @@
+//! The generic RL run: every phase written once, over three seams — the world
+//! ([`World`]: prompts, encoder, policy, decoder, scorers), the algorithm ([`Algorithm`]: what
+//! is frozen before the updates and the per-micro-batch loss) and the workers ([`Workers`]:
+//! ranks, collectives, host threads). No phase names a world, an objective or a device count.
+//!
+//! One rollout, as seed 002's "One training step" describes it, each phase a method with its
+//! own tests:
+//!
+//! ```text
+//! prompts ──encode──> conditioning ──┐
+//! (seed, rollout, sample id) ─> x_T ─┴─ rollout: ODE solver, kernel on the trained steps
+//!      ──> trajectory sidecars (latents at the storage precision, log-probs, conditioning)
+//!      ──> decode ──> samples ──score──> components ──> advantages (per prompt group)
+//!      ──> freeze (pi_old anchor: replay under the current weights)
+//!      ──> updates: replay through the live policy ──> loss ──> grads ──> all-reduce
+//!          ──> global clip ──> AdamW
+//!      ──> evaluate (held-out prompts, fixed seeds, no SDE steps) ──> checkpoint
+//! ```
+//!
+//! 1. [`Run::rollout`]: the rollout's trained SDE steps are resolved once; every prompt
+//!    group's candidates get distinct sample ids, hence distinct `x_T` and per-step noise
+//!    (`noise-recipe`); the kernel runs on the trained steps and the deterministic solver
+//!    elsewhere; one trajectory sidecar per group and one PNG per candidate are written (old
+//!    rollouts reaped by retention) and the sidecars are read back, validated, for replay.
+//! 2. [`Run::score`]: the world's scorers on every sample, grouped by prompt; a missing or
+//!    non-finite value fails that group in the next phase, not the run.
+//! 3. [`advantages`](crate::advantages): group-relative advantages (flow-grpo).
+//! 4. [`Run::train`]: the algorithm freezes what the updates compare against (FlowGRPO: the
+//!    pi_old anchor, a replay under the current weights before any optimizer step), then each
+//!    of the plan's disjoint updates accumulates the algorithm's micro-batch losses and steps.
+//! 5. [`Run::evaluate`]: deterministic sampling of the world's held-out prompts with fixed
+//!    seeds, scored by the same scorers; mean, standard error and per-category means; a
+//!    sample grid into the run directory.
+//! 6. [`Run::checkpoint`]: the crash-safe checkpoint of the trainable weights, optimizer,
+//!    RNG and trainer state; [`Run::new`] resumes from the last committed one.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use burn::module::AutodiffModule;
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{Tensor, TensorData};
+use dit_models::AdapterContract;
+use flow_grpo::{Advantages, RewardGroup, UpdatePlan};
+use noise_recipe::{DenoiseSeeds, NoiseAlgorithm, NoiseRecipe, PromptMeta, SampleId, SampleIdMode};
+use reward::RgbImage;
+use schedule::{PlanQuery, SdeStepPlan, SdeSteps};
+use sde_math::solvers::OdeSolver;
+use sde_math::{Kernel, StorageDtype};
+use trajectory::{
+    ArtifactLayout, Candidate, Common, Digest, Retention, Split, Tracks, Trajectory, read_sidecar,
+    sampling_fingerprint, write_atomic, write_sidecar,
+};
+
+use crate::algorithm::Algorithm;
+use crate::checkpoint::{CheckpointStore, Resume, TrainerState};
+use crate::config::{Preflight, TrainConfig};
+use crate::error::{TrainerError, io_err};
+use crate::monitor::{
+    Metrics, Monitor, Progress, names, sample_grid, write_png, write_reward_curve,
+};
+use crate::rng::TrainerRng;
+use crate::rollout::{SamplerSpec, sample_in_chunks};
+use crate::signal::StopFlag;
+use crate::train::{
+    AdamWOptimizer, PolicyOptimizer, UpdateReport, advantage_metrics, failure_messages,
+    train_step_threads,
+};
+use crate::workers::Workers;
+use crate::world::{Inner, World};
+
+/// The metric of the held-out evaluation's mean reward.
+pub const EVAL_REWARD: &str = "eval/reward";
+
+/// One rollout, held in memory for scoring and replay.
+#[derive(Debug, Clone)]
+pub struct RolloutBatch<S> {
+    /// The rollout id.
+    pub rollout_id: u64,
+    /// One prompt per group.
+    pub prompts: Vec<String>,
+    /// The trained steps of this rollout.
+    pub trained: Vec<usize>,
+    /// One record per group, read back from its sidecar.
+    pub trajectories: Vec<Trajectory>,
+    /// The decoded samples, group-major (`group * group_size + slot`).
+    pub samples: Vec<S>,
+}
+
+impl<S> RolloutBatch<S> {
+    /// Candidates per group.
+    pub fn group_size(&self) -> usize {
+        self.samples.len() / self.prompts.len().max(1)
+    }
+}
+
+/// What [`Run::evaluate`] measured.
+#[derive(Debug, Clone)]
+pub struct EvalReport {
+    /// The mean reward over every held-out sample (the config's weighted combination of the
+    /// raw components).
+    pub reward: f64,
+    /// The standard error of `reward` over the evaluation's seeds: with `k >= 2` seeds per
+    /// prompt, `sqrt(sum_p s_p^2 / k) / P` (the prompts are fixed, the seeds random; `s_p^2`
+    /// is prompt `p`'s sample variance over its seeds); with one seed, `s / sqrt(n)` over all
+    /// samples.
+    pub stderr: f64,
+    /// The mean per held-out category.
+    pub by_category: BTreeMap<String, f64>,
+    /// Samples scored.
+    pub samples: usize,
+    /// The pictures of the first sample of each prompt, for the grid.
+    pub images: Vec<RgbImage>,
+    /// Wall-clock seconds of the evaluation (sampling, scoring, the grid).
+    pub seconds: f64,
+}
+
+/// What [`Run::train`] did.
+#[derive(Debug, Clone)]
+pub struct TrainReport<D> {
+    /// One report per update.
+    pub updates: Vec<UpdateReport<D>>,
+    /// The algorithm's metrics of what it froze (FlowGRPO: `train/logp_parity_max_abs`).
+    pub frozen: Metrics,
+}
+
+/// The whole run's outcome.
+#[derive(Debug, Clone)]
+pub struct RunSummary {
+    /// Held-out evaluation of the starting policy (before any update of this run).
+    pub initial_eval: Option<EvalSummary>,
+    /// Held-out evaluation at the end.
+    pub final_eval: Option<EvalSummary>,
+    /// The last completed rollout.
+    pub last_rollout: Option<u64>,
+    /// Whether a stop request ended the run early.
+    pub stopped: bool,
+    /// Wall-clock seconds.
+    pub seconds: f64,
+}
+
+/// An evaluation's mean and standard error.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EvalSummary {
+    /// The mean held-out reward.
+    pub reward: f64,
+    /// Its standard error ([`EvalReport::stderr`]).
+    pub stderr: f64,
+}
+
+/// What the algorithm hooks see of the run during [`Run::train`].
+pub struct TrainContext<'a, B: AutodiffBackend, W: World<B>> {
+    /// The world (to restore conditionings from the trajectories).
+    pub world: &'a W,
+    /// How the rollout was sampled (the replay uses the same kernel).
+    pub spec: &'a SamplerSpec,
+    /// The rollout's update plan.
+    pub plan: &'a UpdatePlan,
+    /// The rollout.
+    pub batch: &'a RolloutBatch<W::Sample>,
+    /// Its advantages.
+    pub advantages: &'a Advantages,
+    /// The device.
+    pub device: &'a B::Device,
+    /// Host threads available.
+    pub threads: usize,
+}
+
+type Optim<B, M> = PolicyOptimizer<B, M, AdamWOptimizer<B, M>>;
+
+/// The generic run. See the module docs.
+pub struct Run<B, W, A, K>
+where
+    B: AutodiffBackend,
+    W: World<B>,
+    A: Algorithm<B, W>,
+    K: Workers,
+{
+    cfg: TrainConfig,
+    pre: Preflight,
+    device: B::Device,
+    world: W,
+    algorithm: A,
+    workers: K,
+    model: Option<W::Policy>,
+    optimizer: Optim<B, W::Policy>,
+    contract: Option<AdapterContract>,
+    spec: SamplerSpec,
+    rng: TrainerRng,
+    next_rollout: u64,
+    monitor: Monitor,
+    store: CheckpointStore,
+    layout: ArtifactLayout,
+    run_dir: PathBuf,
+    weight_hash: Digest,
+}
+
+impl<B, W, A, K> Run<B, W, A, K>
+where
+    B: AutodiffBackend,
+    W: World<B>,
+    A: Algorithm<B, W>,
+    K: Workers,
+{
+    /// Loads the world's policy, attaches the adapter, and resumes from the last committed
+    /// checkpoint when `checkpoint.resume` is set. Writes the resolved config into `run_dir`.
+    ///
+    /// # Errors
+    /// Policy loading, checkpoint and IO errors.
+    pub fn new(
+        cfg: TrainConfig,
+        pre: Preflight,
+        run_dir: &Path,
+        device: B::Device,
+        world: W,
+        algorithm: A,
+        workers: K,
+    ) -> Result<Self, TrainerError> {
+        std::fs::create_dir_all(run_dir).map_err(io_err(run_dir, "create the run directory"))?;
+        cfg.save_resolved(run_dir)?;
+        let loaded = world.load_policy(&pre.trainable, cfg.run.seed, &device)?;
+        let mut model = loaded.model;
+        let contract = loaded.contract;
+        let mut optimizer = Optim::<B, W::Policy>::adamw(
+            &pre.adamw,
+            pre.lr,
+            cfg.grpo.clip_grad,
+            cfg.model.master_dtype,
+        );
+        let store = CheckpointStore::new(
+            &cfg.checkpoint.dir,
+            &cfg.run.task,
+            cfg.checkpoint.max_to_keep,
+        )?;
+        let mut rng = TrainerRng::seeded(cfg.run.seed);
+        let mut next_rollout = 0;
+        let mut cursor = None;
+        if cfg.checkpoint.resume {
+            match store.resume(
+                model,
+                optimizer.optimizer().clone(),
+                contract.as_ref(),
+                &device,
+            )? {
+                Resume::Fresh { model: m, .. } => model = m,
+                Resume::Resumed(r) => {
+                    println!(
+                        "resuming from committed checkpoint {} (next rollout {})",
+                        r.checkpoint.iteration,
+                        r.state.next_rollout_id()
+                    );
+                    optimizer.set_optimizer(r.optimizer);
+                    optimizer.restore(&r.state);
+                    model = r.model;
+                    rng = r.rng;
+                    next_rollout = r.state.next_rollout_id();
+                    cursor = Some(r.state.metrics_cursor);
+                }
+            }
+        }
+        let monitor = Monitor::open(run_dir, cursor, cfg.monitor.jsonl, cfg.monitor.tensorboard)?;
+        let layout = ArtifactLayout::new(&cfg.artifacts.root, &cfg.run.task)?;
+        let spec = SamplerSpec {
+            sigmas: pre.schedule.sigmas.as_slice().to_vec(),
+            kernel: match pre.sde {
+                schedule::SdeType::FlowSde => Kernel::flow_sde(cfg.sampling.eta as f32)?,
+                schedule::SdeType::Dance => Kernel::dance(cfg.sampling.eta as f32)?,
+                schedule::SdeType::Cps => Kernel::cps(cfg.sampling.eta as f32)?,
+            },
+            solver: OdeSolver::Euler,
+            storage: StorageDtype::Bf16,
+        };
+        Ok(Self {
+            cfg,
+            pre,
+            device,
+            world,
+            algorithm,
+            workers,
+            model: Some(model),
+            optimizer,
+            contract,
+            spec,
+            rng,
+            next_rollout,
+            monitor,
+            store,
+            layout,
+            run_dir: run_dir.to_path_buf(),
+            weight_hash: loaded.weight_hash,
+        })
+    }
+
+    /// Calls `hook` after each durable step of every checkpoint write (crash tests slow the
+    /// write window down with it).
+    pub fn with_checkpoint_hook(mut self, hook: crate::checkpoint::WriteHook) -> Self {
+        self.store = self.store.with_write_hook(hook);
+        self
+    }
+
+    /// The policy.
+    pub fn model(&self) -> &W::Policy {
+        self.model
+            .as_ref()
+            .expect("the model is only taken during an update")
+    }
+
+    /// The world.
+    pub fn world(&self) -> &W {
+        &self.world
+    }
+
+    /// The next rollout id.
+    pub fn next_rollout(&self) -> u64 {
+        self.next_rollout
+    }
+
+    /// The sampler of the rollouts (schedule, kernel, solver, storage precision).
+    pub fn sampler(&self) -> &SamplerSpec {
+        &self.spec
+    }
+
+    fn base_seed(&self, rollout_id: u64) -> u64 {
+        self.cfg.run.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            ^ rollout_id.wrapping_mul(0xD1B5_4A32_D192_ED03)
+    }
+
+    /// The mean-reward metric of the first required component (`reward/<c>_mean`), the one
+    /// the progress line and the reward curve show.
+    fn reward_metric(&self) -> String {
+        let first = self
+            .cfg
+            .reward
+            .required_components
+            .first()
+            .map_or("reward", String::as_str);
+        names::reward_component(first, "mean")
+    }
+
+    /// Phase 1: samples every group's candidates, writes the sidecars and PNGs, reads the
+    /// sidecars back.
+    ///
+    /// # Errors
+    /// Sampling, noise, artifact IO and record validation errors.
+    pub fn rollout(
+        &self,
+        rollout_id: u64,
+        prompts: &[String],
+    ) -> Result<RolloutBatch<W::Sample>, TrainerError> {
+        let model = self.model().valid();
+        let g = self.cfg.grpo.group_size;
+        let dev = &self.device;
+        let trained = self.pre.plan.steps(PlanQuery::rollout(rollout_id))?;
+        let retention = Retention::keep_last(self.cfg.artifacts.retention_rollouts);
+        self.layout
+            .begin_rollout(Split::Train, rollout_id, retention)?;
+        let ids: Vec<SampleId> = prompts
+            .iter()
+            .enumerate()
+            .flat_map(|(gi, p)| {
+                (0..g).map(move |slot| {
+                    SampleId::new(
+                        SampleIdMode::Metadata,
+                        gi,
+                        PromptMeta {
+                            prompt_id: Some(p),
+                            sample_id: None,
+                        },
+                        slot,
+                    )
+                })
+            })
+            .collect();
+        let base = self.base_seed(rollout_id);
+        let latent_shape = self.world.latent_shape();
+        let x_t = NoiseRecipe::for_samples(
+            base,
+            latent_shape.to_vec(),
+            &ids,
+            NoiseAlgorithm::Pcg64BoxMuller,
+        )?
+        .generate()
+        .to_tensor::<Inner<B>, 3>(dev)?;
+        let seeds = DenoiseSeeds::for_samples(base ^ 0x57E9_0000_0000_0000, &ids)?;
+        let all_prompts: Vec<&str> = prompts
+            .iter()
+            .flat_map(|p| std::iter::repeat_n(p.as_str(), g))
+            .collect();
+        let cond = self.world.encode(&all_prompts, dev)?;
+        let out = sample_in_chunks(
+            &model,
+            &cond,
+            x_t,
+            &self.spec,
+            &trained,
+            self.workers.host_threads(),
+            |step, rows| {
+                let n = rows.len();
+                let v: Vec<f32> = rows
+                    .flat_map(|i| seeds.noise(i, step, &latent_shape))
+                    .collect();
+                Ok(Tensor::from_data(
+                    TensorData::new(v, [n, latent_shape[0], latent_shape[1]]),
+                    dev,
+                ))
+            },
+        )?;
+        let samples = self.world.decode(out.final_latents.clone())?;
+
+        // one sidecar per group (the conditioning stored as the sampler saw it)
+        let fingerprint = sampling_fingerprint(
+            &[
+                ("eta", self.cfg.sampling.eta),
+                ("steps", self.cfg.sampling.num_inference_steps as f64),
+                ("group_size", g as f64),
+            ],
+            &self.spec.sigmas,
+        )?;
+        let first_rows: Vec<usize> = (0..prompts.len()).map(|gi| gi * g).collect();
+        let conditions = self.world.store_conditioning(&cond, &first_rows)?;
+        let mut paths = Vec::with_capacity(prompts.len());
+        for (gi, conditions) in conditions.into_iter().enumerate() {
+            let rows = gi * g..(gi + 1) * g;
+            let latents: Vec<Tensor<Inner<B>, 3>> = out
+                .latents
+                .iter()
+                .map(|l| l.clone().slice([rows.clone()]))
+                .collect();
+            let log_probs: Vec<Tensor<Inner<B>, 1>> = out
+                .log_probs
+                .iter()
+                .map(|l| l.clone().slice([rows.clone()]))
+                .collect();
+            let traj = Trajectory {
+                common: Common {
+                    task: self.cfg.run.task.clone(),
+                    rollout_id,
+                    group_index: gi as u64,
+                    height: self.cfg.sampling.height,
+                    width: self.cfg.sampling.width,
+                    sigmas: self.spec.sigmas.clone(),
+                    sde_indices: trained.as_slice().to_vec(),
+                    storage: self.spec.storage,
+                    sampling_fingerprint: fingerprint.clone(),
+                    weight_manifest_hash: self.weight_hash.clone(),
+                    candidates: (0..g)
+                        .map(|slot| Candidate {
+                            sample_id: ids[gi * g + slot].as_str().to_string(),
+                            sample_index: slot as u64,
+                            policy_version: self.optimizer.policy_version(),
+                            seed_hash: seeds.seeds()[gi * g + slot],
+                        })
+                        .collect(),
+                },
+                conditions,
+                tracks: Tracks::from_rollout(&latents, &log_probs, self.spec.storage)?,
+            };
+            let path = self
+                .layout
+                .sidecar_path(Split::Train, rollout_id, gi as u64);
+            write_sidecar(&path, &traj)?;
+            for slot in 0..g {
+                if let Some(img) = self.world.image(&samples[gi * g + slot]) {
+                    let png = self.layout.sample_image_path(
+                        Split::Train,
+                        rollout_id,
+                        gi as u64,
+                        slot as u32,
+                    );
+                    write_atomic(&png, &img.to_png()?)?;
+                }
+            }
+            paths.push(path);
+        }
+        let trajectories = paths
+            .iter()
+            .map(|p| read_sidecar(p))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(RolloutBatch {
+            rollout_id,
+            prompts: prompts.to_vec(),
+            trained: trained.as_slice().to_vec(),
+            trajectories,
+            samples,
+        })
+    }
+
+    /// Phase 2: scores the samples and groups the components by prompt.
+    ///
+    /// # Errors
+    /// Scorer errors that concern the whole batch (a group's missing or non-finite value is
+    /// not an error here: the advantages phase fails that group).
+    pub fn score(&self, batch: &RolloutBatch<W::Sample>) -> Result<Vec<RewardGroup>, TrainerError> {
+        let g = batch.group_size();
+        let prompts: Vec<String> = batch
+            .prompts
+            .iter()
+            .flat_map(|p| std::iter::repeat_n(p.clone(), g))
+            .collect();
+        let scores = self.world.score(&batch.samples, &prompts)?;
+        if scores.len() != prompts.len() {
+            return Err(TrainerError::ScoreCount {
+                expected: prompts.len(),
+                found: scores.len(),
+            });
+        }
+        Ok(batch
+            .prompts
+            .iter()
+            .enumerate()
+            .map(|(gi, p)| RewardGroup {
+                prompt_key: p.clone(),
+                samples: scores[gi * g..(gi + 1) * g]
+                    .iter()
+                    .map(|c| c.iter().map(|(k, v)| (k.to_string(), v)).collect())
+                    .collect(),
+            })
+            .collect())
+    }
+
+    /// Phase 4: the algorithm freezes what the updates compare against (before any optimizer
+    /// step), then the planned updates run.
+    ///
+    /// # Errors
+    /// Replay, loss and optimizer errors.
+    pub fn train(
+        &mut self,
+        batch: &RolloutBatch<W::Sample>,
+        adv: &Advantages,
+    ) -> Result<TrainReport<A::Diagnostics>, TrainerError> {
+        let Self {
+            world,
+            spec,
+            pre,
+            algorithm,
+            workers,
+            optimizer,
+            model,
+            device,
+            ..
+        } = self;
+        let ctx = TrainContext {
+            world: &*world,
+            spec: &*spec,
+            plan: &pre.update_plan,
+            batch,
+            advantages: adv,
+            device: &*device,
+            threads: workers.host_threads(),
+        };
+        let (frozen, frozen_metrics) =
+            algorithm.freeze(&ctx, model.as_ref().expect("model present"))?;
+        let mut reports = Vec::with_capacity(pre.update_plan.updates.len());
+        for update in &pre.update_plan.updates {
+            let m = model.take().expect("model present");
+            let (m, report) = train_step_threads(
+                m,
+                optimizer,
+                &*workers,
+                update,
+                adv.degenerate,
+                |m: &W::Policy, samples| algorithm.micro_batch_loss(&ctx, &frozen, m, samples),
+            )?;
+            *model = Some(m);
+            reports.push(report);
+        }
+        Ok(TrainReport {
+            updates: reports,
+            frozen: frozen_metrics,
+        })
+    }
+
+    /// Phase 5: deterministic sampling (the solver on every step) of the world's held-out
+    /// prompts, `eval.samples_per_prompt` fixed seeds each (a pure function of `run.seed`),
+    /// scored by the world's scorers; writes a sample grid.
+    ///
+    /// # Errors
+    /// Sampling, scoring and PNG errors.
+    pub fn evaluate(&self, tag: &str) -> Result<EvalReport, TrainerError> {
+        let start = Instant::now();
+        let k = self.cfg.eval.samples_per_prompt.max(1);
+        let (samples, stats) = evaluate_policy::<B, W>(
+            &self.world,
+            &self.model().valid(),
+            &self.spec,
+            k,
+            self.cfg.run.seed,
+            &self.cfg.reward.component_weights,
+            self.workers.host_threads(),
+            &self.device,
+        )?;
+        let images: Vec<RgbImage> = samples
+            .iter()
+            .step_by(k)
+            .filter_map(|s| self.world.image(s))
+            .collect();
+        if self.workers.is_io_rank() && !images.is_empty() {
+            let tiles: Vec<image::RgbImage> = images
+                .iter()
+                .map(|i| {
+                    image::RgbImage::from_raw(
+                        i.width() as u32,
+                        i.height() as u32,
+                        i.as_bytes().to_vec(),
+                    )
+                    .expect("rgb")
+                })
+                .collect();
+            let grid = sample_grid(&tiles, None, 8)?;
+            let dir = self.run_dir.join("samples");
+            std::fs::create_dir_all(&dir).map_err(io_err(&dir, "create the samples directory"))?;
+            write_png(&dir.join(format!("eval_{tag}.png")), &grid)?;
+        }
+        Ok(EvalReport {
+            reward: stats.mean,
+            stderr: stats.stderr,
+            by_category: stats.by_category,
+            samples: samples.len(),
+            images,
+            seconds: start.elapsed().as_secs_f64(),
+        })
+    }
+
+    /// Phase 6: a committed checkpoint after rollout `rollout_id`.
+    ///
+    /// # Errors
+    /// Checkpoint IO errors.
+    pub fn checkpoint(&mut self, rollout_id: u64) -> Result<(), TrainerError> {
+        let mut state = TrainerState::new(&self.cfg.run.task, rollout_id);
+        self.optimizer.record_into(&mut state);
+        state.metrics_cursor = self.monitor.cursor();
+        self.store.save(
+            self.model(),
+            self.optimizer.optimizer(),
+            &state,
+            &self.rng,
+            self.contract.as_ref(),
+        )?;
+        Ok(())
+    }
+
+    fn log(&mut self, step: u64, metrics: &Metrics) -> Result<(), TrainerError> {
+        if self.workers.is_io_rank() {
+            self.monitor.log(step, metrics)?;
+        }
+        Ok(())
+    }
+
+    /// Runs rollouts until `run.num_rollouts` or a stop request (which ends after a committed
+    /// checkpoint), evaluating at the start, every `eval.interval` rollouts and at the end.
+    ///
+    /// # Errors
+    /// Any phase's error (a failed reward group is not an error: it is logged and skipped).
+    pub fn run(&mut self, stop: &StopFlag) -> Result<RunSummary, TrainerError> {
+        let start = Instant::now();
+        let total = self.cfg.run.num_rollouts;
+        let mut summary = RunSummary {
+            initial_eval: None,
+            final_eval: None,
+            last_rollout: None,
+            stopped: false,
+            seconds: 0.0,
+        };
+        let reward_metric = self.reward_metric();
+        let interval = self.cfg.eval.interval;
+        if interval > 0 {
+            let e = self.evaluate(&format!("rollout_{:04}", self.next_rollout))?;
+            print_eval("start", &e);
+            summary.initial_eval = Some(EvalSummary {
+                reward: e.reward,
+                stderr: e.stderr,
+            });
+            let step = self.next_rollout;
+            self.log(step, &Metrics::from([(EVAL_REWARD.to_string(), e.reward)]))?;
+        }
+        let progress = Progress::new(
+            "rollouts",
+            total.saturating_sub(self.next_rollout),
+            self.cfg.monitor.progress,
+        );
+        while self.next_rollout < total {
+            let id = self.next_rollout;
+            let mut metrics = Metrics::new();
+            let t0 = Instant::now();
+            let prompts = self
+                .world
+                .train_prompts(&mut self.rng, self.cfg.grpo.prompts_per_rollout)?;
+            let shard = self.workers.group_shard(prompts.len())?;
+            let batch = self.rollout(id, &prompts[shard])?;
+            let t_rollout = t0.elapsed().as_secs_f64();
+            let t1 = Instant::now();
+            let groups = self.score(&batch)?;
+            let t_score = t1.elapsed().as_secs_f64();
+            let adv = crate::train::advantages(&self.pre.advantages, &groups, None)?;
+            for line in failure_messages(&adv) {
+                println!("rollout {id}: {line}");
+            }
+            metrics.extend(advantage_metrics(&adv));
+            let t2 = Instant::now();
+            let report = self.train(&batch, &adv)?;
+            let t_train = t2.elapsed().as_secs_f64();
+            if let Some(last) = report.updates.last() {
+                metrics.extend(last.metrics());
+                metrics.extend(self.algorithm.update_metrics(last));
+            }
+            metrics.extend(report.frozen.clone());
+            let n = batch.samples.len() as f64;
+            metrics.insert(names::phase_time("rollout"), t_rollout);
+            metrics.insert(names::phase_time("score"), t_score);
+            metrics.insert(names::phase_time("train"), t_train);
+            metrics.insert("perf/rollout_samples_per_s".into(), n / t_rollout);
+            metrics.insert(
+                "perf/train_transitions_per_s".into(),
+                n * batch.trained.len() as f64 / t_train,
+            );
+            let reward_mean = metrics.get(&reward_metric).copied().unwrap_or(f64::NAN);
+            self.next_rollout = id + 1;
+            summary.last_rollout = Some(id);
+            let evaluate_now = interval > 0
+                && (self.next_rollout.is_multiple_of(interval) || self.next_rollout == total);
+            if evaluate_now {
+                let e = self.evaluate(&format!("rollout_{:04}", self.next_rollout))?;
+                print_eval(&format!("after rollout {id}"), &e);
+                metrics.insert(EVAL_REWARD.into(), e.reward);
+                metrics.insert(names::phase_time("eval"), e.seconds);
+                summary.final_eval = Some(EvalSummary {
+                    reward: e.reward,
+                    stderr: e.stderr,
+                });
+            }
+            self.log(id, &metrics)?;
+            progress.inc(1);
+            println!(
+                "rollout {id:>3}: reward {reward_mean:.3}  loss {:.2e}  clip {:.2}  ratio [{:.4}, {:.4}]  {:.1}s rollout / {:.1}s train",
+                metrics.get(names::TRAIN_LOSS).copied().unwrap_or(f64::NAN),
+                metrics
+                    .get(names::TRAIN_CLIP_FRACTION)
+                    .copied()
+                    .unwrap_or(f64::NAN),
+                metrics
+                    .get(names::TRAIN_RATIO_MIN)
+                    .copied()
+                    .unwrap_or(f64::NAN),
+                metrics
+                    .get(names::TRAIN_RATIO_MAX)
+                    .copied()
+                    .unwrap_or(f64::NAN),
+                t_rollout,
+                t_train,
+            );
+            let save_now = self.cfg.checkpoint.save_interval > 0
+                && self
+                    .next_rollout
+                    .is_multiple_of(self.cfg.checkpoint.save_interval);
+            if save_now || self.next_rollout == total || stop.is_set() {
+                self.checkpoint(id)?;
+            }
+            if stop.is_set() {
+                println!("stop requested: checkpoint after rollout {id} committed");
+                summary.stopped = true;
+                break;
+            }
+        }
+        progress.finish();
+        if self.workers.is_io_rank()
+            && let Some(jsonl) = self.monitor.jsonl_path()
+        {
+            let first = self
+                .cfg
+                .reward
+                .required_components
+                .first()
+                .cloned()
+                .unwrap_or_default();
+            write_reward_curve(
+                &jsonl,
+                &[reward_metric.as_str(), EVAL_REWARD],
+                &self.run_dir.join("reward_curve.png"),
+                &format!("{first} reward"),
+            )?;
+        }
+        summary.seconds = start.elapsed().as_secs_f64();
+        Ok(summary)
+    }
+}
+
+/// Deterministic sampling (the solver on every step) of `world`'s held-out prompts under
+/// `model`, `k` fixed seeds each (a pure function of `seed`), scored by the world's scorers
+/// and combined with `weights` (`sum_c w_c * component_c` of the raw components): the samples
+/// (prompt-major) and the statistics. `threads` sample chunks side by side (the same bits for
+/// any value).
+///
+/// # Errors
+/// Sampling, noise, prompt and scorer errors.
+#[allow(clippy::too_many_arguments)]
+pub fn evaluate_policy<B, W>(
+    world: &W,
+    model: &<W::Policy as AutodiffModule<B>>::InnerModule,
+    spec: &SamplerSpec,
+    k: usize,
+    seed: u64,
+    weights: &BTreeMap<String, f64>,
+    threads: usize,
+    device: &B::Device,
+) -> Result<(Vec<W::Sample>, EvalStatistics), TrainerError>
+where
+    B: AutodiffBackend,
+    W: World<B>,
+{
+    let k = k.max(1);
+    let held = world.held_out();
+    let all: Vec<&str> = held
+        .iter()
+        .flat_map(|h| std::iter::repeat_n(h.prompt.as_str(), k))
+        .collect();
+    let x_t = NoiseRecipe::new(
+        seed ^ 0xE7A1_0000,
+        world.latent_shape().to_vec(),
+        (0..all.len() as u64).collect(),
+        NoiseAlgorithm::Pcg64BoxMuller,
+    )?
+    .generate()
+    .to_tensor::<Inner<B>, 3>(device)?;
+    let cond = world.encode(&all, device)?;
+    let out = sample_in_chunks(
+        model,
+        &cond,
+        x_t,
+        spec,
+        &SdeSteps::new([]),
+        threads,
+        |step, _| Err(TrainerError::TrainedStepOutOfRange { step, steps: 0 }),
+    )?;
+    let samples = world.decode(out.final_latents)?;
+    let prompts: Vec<String> = all.iter().map(|p| p.to_string()).collect();
+    let scores = world.score(&samples, &prompts)?;
+    if scores.len() != samples.len() {
+        return Err(TrainerError::ScoreCount {
+            expected: samples.len(),
+            found: scores.len(),
+        });
+    }
+    let rewards: Vec<f64> = scores
+        .iter()
+        .map(|c| {
+            weights.iter().fold(0.0, |acc, (name, w)| {
+                acc + w * c.get(name).unwrap_or(f64::NAN)
+            })
+        })
+        .collect();
+    let categories: Vec<&str> = held.iter().map(|h| h.category.as_str()).collect();
+    Ok((samples, eval_statistics(&rewards, &categories, k)))
+}
+
+fn print_eval(when: &str, e: &EvalReport) {
+    let cats: Vec<String> = e
+        .by_category
+        .iter()
+        .map(|(k, v)| format!("{k} {v:.2}"))
+        .collect();
+    println!(
+        "held-out eval {when}: {:.3} ± {:.3} ({})  {:.1}s",
+        e.reward,
+        e.stderr,
+        cats.join(", "),
+        e.seconds
+    );
+}
+
+/// An evaluation's mean, standard error and per-category means.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EvalStatistics {
+    /// The mean over every sample.
+    pub mean: f64,
+    /// Its standard error (see [`EvalReport::stderr`]).
+    pub stderr: f64,
+    /// The mean per category.
+    pub by_category: BTreeMap<String, f64>,
+}
+
+/// The statistics of an evaluation's rewards, prompt-major (`prompt * k + seed`), with one
+/// category per prompt. A NaN reward makes the mean, the standard error and its category's
+/// mean NaN.
+///
+/// ```
+/// use trainer_fsdp::run::eval_statistics;
+/// // two prompts, two seeds each
+/// let s = eval_statistics(&[0.0, 1.0, 1.0, 1.0], &["a", "b"], 2);
+/// assert_eq!(s.mean, 0.75);
+/// assert_eq!(s.by_category["a"], 0.5);
+/// // prompt a's variance over its seeds is 0.5, prompt b's 0: sqrt(0.5 / 2) / 2
+/// assert!((s.stderr - 0.25).abs() < 1e-12);
+/// assert!(eval_statistics(&[0.0, f64::NAN], &["a"], 2).stderr.is_nan());
+/// ```
+///
+/// # Panics
+/// When `rewards.len() != categories.len() * k` (a programming error).
+pub fn eval_statistics(rewards: &[f64], categories: &[&str], k: usize) -> EvalStatistics {
+    assert_eq!(
+        rewards.len(),
+        categories.len() * k,
+        "one reward per prompt and seed"
+    );
+    let n = rewards.len();
+    let mean = rewards.iter().sum::<f64>() / n as f64;
+    let mut by: BTreeMap<String, (f64, usize)> = BTreeMap::new();
+    for (p, cat) in categories.iter().enumerate() {
+        let e = by.entry(cat.to_string()).or_default();
+        for r in &rewards[p * k..(p + 1) * k] {
+            e.0 += r;
+            e.1 += 1;
+        }
+    }
+    let stderr = if k >= 2 {
+        let within: f64 = (0..categories.len())
+            .map(|p| {
+                let xs = &rewards[p * k..(p + 1) * k];
+                let m = xs.iter().sum::<f64>() / k as f64;
+                xs.iter().map(|x| (x - m) * (x - m)).sum::<f64>() / (k - 1) as f64
+            })
+            .sum();
+        (within / k as f64).sqrt() / categories.len() as f64
+    } else if n >= 2 {
+        let var = rewards.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / (n - 1) as f64;
+        (var / n as f64).sqrt()
+    } else {
+        f64::NAN
+    };
+    EvalStatistics {
+        mean,
+        stderr,
+        by_category: by
+            .into_iter()
+            .map(|(c, (s, m))| (c, s / m as f64))
+            .collect(),
+    }
+}

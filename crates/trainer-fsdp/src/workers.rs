@@ -1,0 +1,142 @@
+//! The workers seam: how many processes (ranks) train one policy together, which one this is,
+//! and the collectives between them.
+//!
+//! The generic run ([`crate::run::Run`]) is written against [`Workers`]: each rank rolls out
+//! and scores its share of whole prompt groups ([`Workers::group_shard`], so group statistics
+//! stay local), gradients are all-reduced before the global-norm clip
+//! ([`Workers::all_reduce_grads`]), batch statistics go through scalar reductions
+//! ([`Workers::reduce_scalars`]), and only the IO rank writes metrics, sample images and the
+//! checkpoint manifest ([`Workers::is_io_rank`]).
+//!
+//! The shape follows burn 0.21's collective runtime (`burn-collective`): collectives are
+//! issued by every rank in the same order, gradients are reduced parameter by parameter by
+//! `ParamId` (so every rank must hold replicas with the same parameter ids, cloned from one
+//! model), and a reduction is a sum or a mean over ranks. [`LocalWorkers`], the one-process
+//! implementation, is today's host threads: world size 1, every collective the identity.
+
+use std::ops::Range;
+
+use burn::module::AutodiffModule;
+use burn::optim::GradientsParams;
+use burn::tensor::backend::AutodiffBackend;
+
+use crate::error::TrainerError;
+
+/// How scalars are combined over ranks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScalarReduce {
+    /// The sum over ranks.
+    Sum,
+    /// The smallest value (NaN if any rank's is NaN).
+    Min,
+    /// The largest value (NaN if any rank's is NaN).
+    Max,
+}
+
+/// The ranks that train one policy together. See the module docs.
+pub trait Workers: Sync {
+    /// Ranks in the run (at least 1).
+    fn world_size(&self) -> usize;
+
+    /// This process's rank, `0..world_size()`.
+    fn rank(&self) -> usize;
+
+    /// Whether this rank writes the run's shared files (metrics, images, the checkpoint
+    /// manifest): rank 0.
+    fn is_io_rank(&self) -> bool {
+        self.rank() == 0
+    }
+
+    /// Host threads this rank uses to sample, replay and train chunks of its batch side by
+    /// side (the chunking changes no result).
+    fn host_threads(&self) -> usize;
+
+    /// This rank's contiguous share of `groups` prompt groups.
+    ///
+    /// # Errors
+    /// [`TrainerError::GroupsNotDivisible`] when the ranks cannot share the groups equally
+    /// (preflight checks this before a run starts).
+    fn group_shard(&self, groups: usize) -> Result<Range<usize>, TrainerError> {
+        let n = self.world_size();
+        if n == 0 || !groups.is_multiple_of(n) {
+            return Err(TrainerError::GroupsNotDivisible {
+                groups,
+                world_size: n,
+            });
+        }
+        let per = groups / n;
+        Ok(self.rank() * per..(self.rank() + 1) * per)
+    }
+
+    /// The sum over ranks of every rank's gradients of `model`'s parameters (in the order of
+    /// the parameters' ids), issued by every rank at the same point of the update.
+    ///
+    /// # Errors
+    /// A collective that failed.
+    fn all_reduce_grads<B: AutodiffBackend, M: AutodiffModule<B>>(
+        &self,
+        grads: GradientsParams,
+        model: &M,
+    ) -> Result<GradientsParams, TrainerError>;
+
+    /// `values` reduced element-wise over ranks with `op`, in place.
+    ///
+    /// # Errors
+    /// A collective that failed.
+    fn reduce_scalars(&self, values: &mut [f64], op: ScalarReduce) -> Result<(), TrainerError>;
+}
+
+/// One process, one rank: the run's batch is this rank's whole batch, spread over host
+/// threads; every collective is the identity.
+///
+/// ```
+/// use trainer_fsdp::workers::{LocalWorkers, ScalarReduce, Workers};
+/// let w = LocalWorkers::new(2);
+/// assert_eq!((w.world_size(), w.rank(), w.is_io_rank()), (1, 0, true));
+/// assert_eq!(w.group_shard(8).unwrap(), 0..8);
+/// let mut v = [1.0, f64::NAN];
+/// w.reduce_scalars(&mut v, ScalarReduce::Max).unwrap();
+/// assert!(v[1].is_nan());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LocalWorkers {
+    host_threads: usize,
+}
+
+impl LocalWorkers {
+    /// One rank, one host thread.
+    pub const ONE: Self = Self { host_threads: 1 };
+
+    /// One rank using `host_threads` threads (at least 1).
+    pub fn new(host_threads: usize) -> Self {
+        Self {
+            host_threads: host_threads.max(1),
+        }
+    }
+}
+
+impl Workers for LocalWorkers {
+    fn world_size(&self) -> usize {
+        1
+    }
+
+    fn rank(&self) -> usize {
+        0
+    }
+
+    fn host_threads(&self) -> usize {
+        self.host_threads
+    }
+
+    fn all_reduce_grads<B: AutodiffBackend, M: AutodiffModule<B>>(
+        &self,
+        grads: GradientsParams,
+        _model: &M,
+    ) -> Result<GradientsParams, TrainerError> {
+        Ok(grads)
+    }
+
+    fn reduce_scalars(&self, _values: &mut [f64], _op: ScalarReduce) -> Result<(), TrainerError> {
+        Ok(())
+    }
+}
