@@ -10,8 +10,9 @@
 //!
 //! ```sh
 //! cargo run --release --example qwen_image_t2i_lora
-//! cargo run --release --example qwen_image_t2i_lora -- --set grpo.prompts_per_rollout=4 --set run.num_rollouts=8
+//! cargo run --release --example qwen_image_t2i_lora -- --set rollout.prompts_per_rollout=4 --set run.num_rollouts=8
 //! cargo run --release --example qwen_image_t2i_lora -- --resume        # continue the last run
+//! cargo run --release --example qwen_image_t2i_lora -- --seeds 5       # the default over 5 seeds, a table
 //! cargo run --release --features cuda --example qwen_image_t2i_lora -- \
 //!     --recipe qwen_image_t2i_lora --model-path models/Qwen-Image --reward-model-path models/PickScore_v1 --backend cuda
 //! ```
@@ -39,18 +40,17 @@ fn keep_freed_pages() {
     }
 }
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use burn::backend::Autodiff;
+use burn::tensor::backend::AutodiffBackend;
 use clap::Parser;
 use flowrl::backend::BackendKind;
 use trainer_fsdp::config::GeneratorSource;
-use trainer_fsdp::dispatch::{Job, dispatch};
-use trainer_fsdp::{
-    Algorithm, LocalWorkers, Override, Preflight, RecipeName, Run, RunSummary, StopFlag,
-    TrainConfig, TrainerError, World,
-};
+use trainer_fsdp::sweep::{SeedOutcome, SweepTable};
+use trainer_fsdp::{Override, Preflight, RecipeName, RunSummary, StopFlag, TrainConfig};
 
 /// FlowGRPO LoRA post-training (the embedded default: the shapes world).
 #[derive(Debug, Parser)]
@@ -76,12 +76,22 @@ struct Args {
     resume: bool,
     /// Where the run writes everything: config, metrics, sample grids, `checkpoints/` and
     /// `artifacts/` (default: `<checkpoint.dir>/..`, `runs/shapes-world-lora` for the
-    /// embedded default).
+    /// embedded default). With --seeds, each seed's run goes to `seed_<N>/` under it.
     #[arg(long)]
     run_dir: Option<PathBuf>,
     /// Backend: cpu, cuda or wgpu (GPU backends need the matching cargo feature).
     #[arg(long, default_value = "cpu")]
     backend: String,
+    /// Run the job once per seed (`run.seed` = first seed, first seed + 1, ...) and write the
+    /// table of held-out rewards and gains with their mean, min and max.
+    #[arg(long, value_name = "N")]
+    seeds: Option<u64>,
+    /// The first seed of --seeds.
+    #[arg(long, default_value_t = 0)]
+    first_seed: u64,
+    /// Where --seeds writes its Markdown table (default: `<run dir>/seeds.md`).
+    #[arg(long)]
+    seeds_table: Option<PathBuf>,
 }
 
 fn main() -> Result<()> {
@@ -89,12 +99,7 @@ fn main() -> Result<()> {
     let args = Args::parse();
     let mut overrides = Vec::new();
     if let Some(dir) = &args.run_dir {
-        // the run directory holds everything of the run; explicit --set keys still win
-        let dir = dir.display();
-        overrides.push(Override::parse(&format!(
-            "checkpoint.dir={dir}/checkpoints"
-        ))?);
-        overrides.push(Override::parse(&format!("artifacts.root={dir}/artifacts"))?);
+        overrides.extend(run_dir_overrides(dir)?);
     }
     overrides.extend(Override::parse_all(&args.overrides)?);
     if args.resume {
@@ -128,34 +133,107 @@ fn main() -> Result<()> {
             .map(PathBuf::from)
             .unwrap_or_else(|| PathBuf::from("runs"))
     });
+    let stop = StopFlag::install()?;
+    match args.seeds {
+        None => {
+            let summary = dispatch_backend(kind, &cfg, &pre, &run_dir, &stop)?;
+            report(&summary, &run_dir);
+            Ok(())
+        }
+        Some(n) => {
+            if args.resume {
+                bail!("--seeds starts every seed's run from scratch; it cannot --resume");
+            }
+            let table_path = args
+                .seeds_table
+                .clone()
+                .unwrap_or_else(|| run_dir.join("seeds.md"));
+            let mut outcomes = Vec::new();
+            for seed in args.first_seed..args.first_seed + n {
+                let dir = run_dir.join(format!("seed_{seed}"));
+                let mut o = run_dir_overrides(&dir)?;
+                o.push(Override::parse(&format!("run.seed={seed}"))?);
+                let cfg = cfg.clone().with_overrides(&o)?;
+                let pre = cfg.preflight()?;
+                let start = Instant::now();
+                let summary = dispatch_backend(kind, &cfg, &pre, &dir, &stop)?;
+                report(&summary, &dir);
+                if summary.stopped {
+                    bail!("stopped during seed {seed}; the table is not written");
+                }
+                let (Some(base), Some(last)) = (summary.initial_eval, summary.final_eval) else {
+                    bail!("--seeds needs evaluations (eval.interval > 0)");
+                };
+                outcomes.push(SeedOutcome {
+                    seed,
+                    base,
+                    last,
+                    seconds: start.elapsed().as_secs_f64(),
+                });
+                let table = SweepTable::new(outcomes.clone());
+                let command = std::env::args().collect::<Vec<_>>().join(" ");
+                trajectory::write_atomic(
+                    &table_path,
+                    table.markdown(&command, &machine()).as_bytes(),
+                )
+                .with_context(|| format!("writing {}", table_path.display()))?;
+                println!(
+                    "seeds so far: gain mean {:+.3}, min {:+.3}, max {:+.3} ({})",
+                    table.gain.mean,
+                    table.gain.min,
+                    table.gain.max,
+                    table_path.display()
+                );
+            }
+            Ok(())
+        }
+    }
+}
+
+/// `checkpoint.dir` and `artifacts.root` under a run directory (explicit --set keys still win).
+fn run_dir_overrides(dir: &Path) -> Result<Vec<Override>> {
+    let dir = dir.display();
+    Ok(vec![
+        Override::parse(&format!("checkpoint.dir={dir}/checkpoints"))?,
+        Override::parse(&format!("artifacts.root={dir}/artifacts"))?,
+    ])
+}
+
+fn dispatch_backend(
+    kind: BackendKind,
+    cfg: &TrainConfig,
+    pre: &Preflight,
+    run_dir: &Path,
+    stop: &StopFlag,
+) -> Result<RunSummary> {
     match kind {
-        BackendKind::Cpu => train::<Autodiff<flowrl::backend::Cpu>>(cfg, pre, run_dir),
+        BackendKind::Cpu => train::<Autodiff<flowrl::backend::Cpu>>(cfg, pre, run_dir, stop),
         #[cfg(feature = "cuda")]
-        BackendKind::Cuda => train::<Autodiff<flowrl::backend::Cuda>>(cfg, pre, run_dir),
+        BackendKind::Cuda => train::<Autodiff<flowrl::backend::Cuda>>(cfg, pre, run_dir, stop),
         #[cfg(feature = "wgpu")]
-        BackendKind::Wgpu => train::<Autodiff<flowrl::backend::Wgpu>>(cfg, pre, run_dir),
+        BackendKind::Wgpu => train::<Autodiff<flowrl::backend::Wgpu>>(cfg, pre, run_dir, stop),
         #[allow(unreachable_patterns)]
         other => bail!("backend {other} is not compiled in"),
     }
 }
 
-fn train<B: burn::tensor::backend::AutodiffBackend>(
-    cfg: TrainConfig,
-    pre: Preflight,
-    run_dir: PathBuf,
-) -> Result<()>
+fn train<B: AutodiffBackend>(
+    cfg: &TrainConfig,
+    pre: &Preflight,
+    run_dir: &Path,
+    stop: &StopFlag,
+) -> Result<RunSummary>
 where
     B::Device: Default,
 {
     let device = B::Device::default();
     B::seed(&device, cfg.run.seed);
-    let job = TrainJob::<B> {
-        cfg: cfg.clone(),
-        pre: pre.clone(),
-        run_dir: run_dir.clone(),
-        device: device.clone(),
-    };
-    let summary = dispatch(&cfg, &pre, &device, job)?;
+    Ok(trainer_fsdp::dispatch::train::<B>(
+        cfg, pre, run_dir, &device, stop,
+    )?)
+}
+
+fn report(summary: &RunSummary, run_dir: &Path) {
     println!(
         "done in {:.1} min{}; metrics, reward curve and sample grids in {}",
         summary.seconds / 60.0,
@@ -173,51 +251,19 @@ where
         ),
         _ => println!("held-out reward: not evaluated (eval.interval = 0)"),
     }
-    Ok(())
 }
 
-/// The main job in whichever world and algorithm the config names, on one process.
-struct TrainJob<B: burn::tensor::backend::AutodiffBackend> {
-    cfg: TrainConfig,
-    pre: Preflight,
-    run_dir: PathBuf,
-    device: B::Device,
-}
-
-impl<B: burn::tensor::backend::AutodiffBackend> Job<B> for TrainJob<B> {
-    type Output = RunSummary;
-
-    fn run<W: World<B>, A: Algorithm<B, W>>(
-        self,
-        world: W,
-        algorithm: A,
-    ) -> Result<RunSummary, TrainerError> {
-        let cfg = self.cfg;
-        println!(
-            "flowrl {} ({}) in the {}: {} rollouts of {} prompts x {} candidates, {} steps (trained {:?}), LoRA rank {}, lr {}; run directory {}",
-            algorithm.name(),
-            cfg.recipe.map(|r| r.as_str()).unwrap_or("config file"),
-            world.name(),
-            cfg.run.num_rollouts,
-            cfg.grpo.prompts_per_rollout,
-            cfg.grpo.group_size,
-            cfg.sampling.num_inference_steps,
-            cfg.sampling.sde_pool,
-            cfg.lora.as_ref().map(|l| l.rank).unwrap_or(0),
-            cfg.optimizer.lr,
-            self.run_dir.display(),
-        );
-        let stop = StopFlag::install()?;
-        let workers = LocalWorkers::new(cfg.run.threads());
-        let mut run = Run::new(
-            cfg,
-            self.pre,
-            &self.run_dir,
-            self.device,
-            world,
-            algorithm,
-            workers,
-        )?;
-        run.run(&stop)
-    }
+/// The CPU model and core count, for the seeds table.
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    format!("{cpu}, {cores} cores available, {}", std::env::consts::ARCH)
 }

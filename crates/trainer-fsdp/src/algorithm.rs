@@ -68,9 +68,9 @@ pub trait Algorithm<B: AutodiffBackend, W: World<B>>: Sync {
         samples: Range<usize>,
     ) -> Result<MicroBatchLoss<B, Self::Diagnostics>, TrainerError>;
 
-    /// The algorithm's own metrics of one update, from its micro-batches' diagnostics (in
-    /// plan order).
-    fn update_metrics(&self, update: &UpdateReport<Self::Diagnostics>) -> Metrics;
+    /// The algorithm's own metrics of a rollout's updates (in plan order), from their
+    /// micro-batches' diagnostics.
+    fn rollout_metrics(&self, updates: &[UpdateReport<Self::Diagnostics>]) -> Metrics;
 }
 
 /// FlowGRPO (Liu et al. 2025): the PPO-style clipped objective over the log-probs of the
@@ -190,16 +190,20 @@ impl<B: AutodiffBackend, W: World<B>> Algorithm<B, W> for FlowGrpo {
         })
     }
 
-    fn update_metrics(&self, update: &UpdateReport<ClipDiagnostics>) -> Metrics {
-        clip_metrics(update)
+    fn rollout_metrics(&self, updates: &[UpdateReport<ClipDiagnostics>]) -> Metrics {
+        clip_metrics(updates)
     }
 }
 
-/// The ratio metrics of one clipped-objective update, pooled over its micro-batches:
-/// `train/ratio_{mean,std,min,max}`, `train/clip_fraction`, `train/approx_kl` (NaN for an
-/// update that forwarded nothing).
-pub fn clip_metrics(update: &UpdateReport<ClipDiagnostics>) -> Metrics {
-    let t = RatioTally::over(&update.micro_batches);
+/// The ratio metrics of clipped-objective updates, pooled over all their micro-batches:
+/// `train/ratio_{mean,std,min,max}`, `train/clip_fraction`, `train/approx_kl` (NaN when
+/// nothing was forwarded).
+pub fn clip_metrics(updates: &[UpdateReport<ClipDiagnostics>]) -> Metrics {
+    let parts: Vec<ClipDiagnostics> = updates
+        .iter()
+        .flat_map(|u| u.micro_batches.iter().copied())
+        .collect();
+    let t = RatioTally::over(&parts);
     let mut m = Metrics::new();
     m.insert(names::TRAIN_RATIO_MEAN.into(), t.mean());
     m.insert(names::TRAIN_RATIO_STD.into(), t.std());

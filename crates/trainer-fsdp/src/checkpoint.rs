@@ -87,7 +87,8 @@ pub struct TrainerState {
     pub optimizer_steps: u64,
     /// Optimizer steps skipped (degenerate advantages, non-finite gradients), cumulative.
     pub optimizer_skips: u64,
-    /// Checkpoint writes that failed (`train/checkpoint_failures`), cumulative.
+    /// Checkpoint writes that failed, cumulative (always 0: a failed write ends the run; kept
+    /// so the file format stays the same).
     pub checkpoint_failures: u64,
     /// Where the metric files ended when this checkpoint was taken.
     pub metrics_cursor: MetricsCursor,

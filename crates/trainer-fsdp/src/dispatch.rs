@@ -21,12 +21,17 @@
 //! # Ok::<(), TrainerError>(())
 //! ```
 
+use std::path::{Path, PathBuf};
+
 use burn::tensor::backend::AutodiffBackend;
 
 use crate::algorithm::{Algorithm, FlowGrpo};
-use crate::config::{GeneratorSource, Preflight, TrainConfig};
+use crate::config::{AlgorithmPlan, GeneratorSource, Preflight, TrainConfig};
 use crate::error::TrainerError;
+use crate::run::{Run, RunSummary};
 use crate::shapes_world::ShapesWorld;
+use crate::signal::StopFlag;
+use crate::workers::LocalWorkers;
 use crate::world::World;
 
 /// Work to do with whichever world and algorithm a config names.
@@ -60,8 +65,8 @@ pub fn dispatch<B: AutodiffBackend, J: Job<B>>(
 ) -> Result<J::Output, TrainerError> {
     match &cfg.model.generator {
         GeneratorSource::ShapesWorld { dir } => {
-            let world = ShapesWorld::<B::InnerBackend>::load(dir, device)?;
-            job.run(world, FlowGrpo::new(pre.clip_range))
+            let world = ShapesWorld::<B::InnerBackend>::load(dir, &cfg.reward.scorers, device)?;
+            with_algorithm(pre, world, job)
         }
         GeneratorSource::QwenImage { model_path, .. } => Err(TrainerError::GeneratorUnsupported {
             generator: format!(
@@ -72,5 +77,86 @@ pub fn dispatch<B: AutodiffBackend, J: Job<B>>(
                           tokenizer, and the VAE decoder (dit-models loads and trains the transformer; PickScore \
                           scores images) — the shapes world is the world that trains until they exist",
         }),
+    }
+}
+
+/// Runs `job` in `world` with the algorithm of the validated config.
+fn with_algorithm<B: AutodiffBackend, W: World<B>, J: Job<B>>(
+    pre: &Preflight,
+    world: W,
+    job: J,
+) -> Result<J::Output, TrainerError> {
+    match &pre.algorithm {
+        AlgorithmPlan::FlowGrpo { clip_range } => job.run(world, FlowGrpo::new(*clip_range)),
+    }
+}
+
+/// Trains the configured world with the configured algorithm on one process (the main job):
+/// prints a one-line banner, runs [`Run::run`] and returns its summary. `stop` ends the run
+/// after a committed checkpoint.
+///
+/// # Errors
+/// As [`dispatch`] and [`Run::new`] / [`Run::run`].
+pub fn train<B: AutodiffBackend>(
+    cfg: &TrainConfig,
+    pre: &Preflight,
+    run_dir: &Path,
+    device: &B::Device,
+    stop: &StopFlag,
+) -> Result<RunSummary, TrainerError> {
+    let job = TrainJob::<B> {
+        cfg: cfg.clone(),
+        pre: pre.clone(),
+        run_dir: run_dir.to_path_buf(),
+        device: device.clone(),
+        stop: stop.clone(),
+    };
+    dispatch(cfg, pre, device, job)
+}
+
+/// [`train`]'s job.
+struct TrainJob<B: AutodiffBackend> {
+    cfg: TrainConfig,
+    pre: Preflight,
+    run_dir: PathBuf,
+    device: B::Device,
+    stop: StopFlag,
+}
+
+impl<B: AutodiffBackend> Job<B> for TrainJob<B> {
+    type Output = RunSummary;
+
+    fn run<W: World<B>, A: Algorithm<B, W>>(
+        self,
+        world: W,
+        algorithm: A,
+    ) -> Result<RunSummary, TrainerError> {
+        let cfg = self.cfg;
+        println!(
+            "flowrl {} ({}) in the {}: {} rollouts of {} prompts x {} candidates, {} steps (trained {:?}), LoRA rank {}, lr {}, seed {}; run directory {}",
+            algorithm.name(),
+            cfg.recipe.map(|r| r.as_str()).unwrap_or("config file"),
+            world.name(),
+            cfg.run.num_rollouts,
+            cfg.rollout.prompts_per_rollout,
+            cfg.rollout.group_size,
+            cfg.sampling.num_inference_steps,
+            cfg.sampling.sde_pool,
+            cfg.lora_rank(),
+            cfg.optimizer.lr,
+            cfg.run.seed,
+            self.run_dir.display(),
+        );
+        let workers = LocalWorkers::new(cfg.run.threads());
+        let mut run = Run::new(
+            cfg,
+            self.pre,
+            &self.run_dir,
+            self.device,
+            world,
+            algorithm,
+            workers,
+        )?;
+        run.run(&self.stop)
     }
 }

@@ -42,6 +42,15 @@ pub enum TrainerError {
         source: toml::ser::Error,
     },
 
+    /// A config uses keys that moved to another section.
+    #[error("config {origin} uses keys that moved:{}", Moved(moved))]
+    MovedKeys {
+        /// The file, `<memory>` or `<overrides>`.
+        origin: PathBuf,
+        /// `(old key, where it is now)` for every such key.
+        moved: Vec<(String, String)>,
+    },
+
     /// A `key=value` override is malformed.
     #[error("override {given:?}: {problem}")]
     Override {
@@ -130,6 +139,10 @@ pub enum TrainerError {
         /// Distinct prompts available.
         available: usize,
     },
+
+    /// A world was asked to score with no scorer.
+    #[error("reward.scorers is empty: a sample scored by nothing would train on 0")]
+    NoScorer,
 
     /// A world's scorers returned another number of results than samples.
     #[error("the scorers returned {found} results for {expected} samples")]
@@ -311,6 +324,17 @@ pub enum TrainerError {
         #[source]
         source: std::io::Error,
     },
+}
+
+struct Moved<'a>(&'a [(String, String)]);
+
+impl fmt::Display for Moved<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (old, new) in self.0 {
+            write!(f, "\n  - {old} is now {new}")?;
+        }
+        Ok(())
+    }
 }
 
 /// Why a checkpoint cannot be used.

@@ -26,8 +26,11 @@
 //!   [`workers`] ([`Workers`]; [`LocalWorkers`], one process, first).
 //! * [`rollout`]: the sampler (the kernel on the trained steps, a solver elsewhere) and the
 //!   replay of stored steps.
-//! * [`shapes_world`]: the embedded default's world ([`shapes_world::ShapesWorld`]).
-//! * [`dispatch`]: the world and algorithm a config names, handed to a job generic over both.
+//! * [`shapes_world`]: the embedded default's world ([`shapes_world::ShapesWorld`]);
+//!   [`scorers`]: the scorers a config names, run as one.
+//! * [`dispatch`]: the world and algorithm a config names, handed to a job generic over both;
+//!   [`dispatch::train`], the main job on one process.
+//! * [`sweep`]: the main job's result over seeds, as a table with mean, min and max.
 //!
 //! ```
 //! use trainer_fsdp::{RecipeName, TrainConfig};
@@ -49,8 +52,10 @@ pub mod monitor;
 mod rng;
 pub mod rollout;
 pub mod run;
+pub mod scorers;
 pub mod shapes_world;
 pub mod signal;
+pub mod sweep;
 pub mod train;
 pub mod workers;
 pub mod world;
@@ -62,9 +67,11 @@ pub use checkpoint::{
 };
 pub use clip::{CLIP_EPSILON, ClipReport, clip_grad_norm, global_grad_norm};
 pub use config::{
-    AdamWSettings, AdvantageStdMode, BatchGeometry, GENERATION_TASKS, LrSchedulerKind, MasterDtype,
-    Override, OverrideProblem, Preflight, PreflightProblem, PreflightWarning, ProgressMode,
-    RecipeName, SchedulerSource, SdeKind, TrainConfig, Trainable, TrainableMode,
+    AdamWSettings, AdvantageStdMode, AlgorithmPlan, AlgorithmSection, BatchGeometry,
+    FlowGrpoSection, GENERATION_TASKS, LrSchedulerKind, MOVED_KEYS, MasterDtype, Override,
+    OverrideProblem, Preflight, PreflightProblem, PreflightWarning, ProgressMode, RecipeName,
+    SchedulerSource, ScorerSpec, SdeKind, SolverKind, StorageKind, TrainConfig, Trainable,
+    TrainableMode,
 };
 pub use error::{CheckpointProblem, DrawingProblem, TrainerError};
 pub use lr::{LrDecay, LrSchedule, LrScheduler};

@@ -46,8 +46,7 @@ use flow_grpo::{Advantages, RewardGroup, UpdatePlan};
 use noise_recipe::{DenoiseSeeds, NoiseAlgorithm, NoiseRecipe, PromptMeta, SampleId, SampleIdMode};
 use reward::RgbImage;
 use schedule::{PlanQuery, SdeStepPlan, SdeSteps};
-use sde_math::solvers::OdeSolver;
-use sde_math::{Kernel, StorageDtype};
+use sde_math::Kernel;
 use trajectory::{
     ArtifactLayout, Candidate, Common, Digest, Retention, Split, Tracks, Trajectory, read_sidecar,
     sampling_fingerprint, write_atomic, write_sidecar,
@@ -69,9 +68,20 @@ use crate::train::{
 };
 use crate::workers::Workers;
 use crate::world::{Inner, World};
+use velocity_model::Conditioning;
+
+/// Rows one host thread samples at once in an evaluation.
+pub const EVAL_ROWS_PER_THREAD: usize = 32;
 
 /// The metric of the held-out evaluation's mean reward.
 pub const EVAL_REWARD: &str = "eval/reward";
+/// The metric of its standard error ([`EvalReport::stderr`]).
+pub const EVAL_REWARD_SE: &str = "eval/reward_se";
+
+/// `eval/category/<category>`, the held-out mean of one category.
+pub fn eval_category(category: &str) -> String {
+    format!("eval/category/{category}")
+}
 
 /// One rollout, held in memory for scoring and replay.
 #[derive(Debug, Clone)]
@@ -116,6 +126,30 @@ pub struct EvalReport {
     pub seconds: f64,
 }
 
+impl EvalReport {
+    /// The evaluation's metrics: `eval/reward`, `eval/reward_se`, `eval/category/<c>` and
+    /// `perf/eval_time`.
+    pub fn metrics(&self) -> Metrics {
+        let mut m = Metrics::from([
+            (EVAL_REWARD.to_string(), self.reward),
+            (EVAL_REWARD_SE.to_string(), self.stderr),
+            (names::phase_time("eval"), self.seconds),
+        ]);
+        for (c, v) in &self.by_category {
+            m.insert(eval_category(c), *v);
+        }
+        m
+    }
+
+    /// Its mean and standard error.
+    pub fn summary(&self) -> EvalSummary {
+        EvalSummary {
+            reward: self.reward,
+            stderr: self.stderr,
+        }
+    }
+}
+
 /// What [`Run::train`] did.
 #[derive(Debug, Clone)]
 pub struct TrainReport<D> {
@@ -147,6 +181,19 @@ pub struct EvalSummary {
     pub reward: f64,
     /// Its standard error ([`EvalReport::stderr`]).
     pub stderr: f64,
+}
+
+/// What a rollout's sampling fingerprint covers besides the sigmas: a sidecar sampled with
+/// another kernel, solver, storage precision, noise level or group geometry has another
+/// fingerprint.
+#[derive(Debug, serde::Serialize)]
+struct SamplingFingerprint {
+    kernel: String,
+    solver: &'static str,
+    storage: String,
+    eta: f64,
+    steps: usize,
+    group_size: usize,
 }
 
 /// What the algorithm hooks see of the run during [`Run::train`].
@@ -225,7 +272,7 @@ where
         let mut optimizer = Optim::<B, W::Policy>::adamw(
             &pre.adamw,
             pre.lr,
-            cfg.grpo.clip_grad,
+            cfg.optimizer.clip_grad,
             cfg.model.master_dtype,
         );
         let store = CheckpointStore::new(
@@ -268,8 +315,8 @@ where
                 schedule::SdeType::Dance => Kernel::dance(cfg.sampling.eta as f32)?,
                 schedule::SdeType::Cps => Kernel::cps(cfg.sampling.eta as f32)?,
             },
-            solver: OdeSolver::Euler,
-            storage: StorageDtype::Bf16,
+            solver: cfg.sampling.solver.solver(),
+            storage: cfg.sampling.storage_dtype.dtype(),
         };
         Ok(Self {
             cfg,
@@ -349,7 +396,7 @@ where
         prompts: &[String],
     ) -> Result<RolloutBatch<W::Sample>, TrainerError> {
         let model = self.model().valid();
-        let g = self.cfg.grpo.group_size;
+        let g = self.cfg.rollout.group_size;
         let dev = &self.device;
         let trained = self.pre.plan.steps(PlanQuery::rollout(rollout_id))?;
         let retention = Retention::keep_last(self.cfg.artifacts.retention_rollouts);
@@ -410,11 +457,14 @@ where
 
         // one sidecar per group (the conditioning stored as the sampler saw it)
         let fingerprint = sampling_fingerprint(
-            &[
-                ("eta", self.cfg.sampling.eta),
-                ("steps", self.cfg.sampling.num_inference_steps as f64),
-                ("group_size", g as f64),
-            ],
+            &SamplingFingerprint {
+                kernel: format!("{:?}", self.spec.kernel),
+                solver: self.cfg.sampling.solver.as_str(),
+                storage: format!("{:?}", self.spec.storage),
+                eta: self.cfg.sampling.eta,
+                steps: self.cfg.sampling.num_inference_steps,
+                group_size: g,
+            },
             &self.spec.sigmas,
         )?;
         let first_rows: Vec<usize> = (0..prompts.len()).map(|gi| gi * g).collect();
@@ -667,12 +717,9 @@ where
         if interval > 0 {
             let e = self.evaluate(&format!("rollout_{:04}", self.next_rollout))?;
             print_eval("start", &e);
-            summary.initial_eval = Some(EvalSummary {
-                reward: e.reward,
-                stderr: e.stderr,
-            });
+            summary.initial_eval = Some(e.summary());
             let step = self.next_rollout;
-            self.log(step, &Metrics::from([(EVAL_REWARD.to_string(), e.reward)]))?;
+            self.log(step, &e.metrics())?;
         }
         let progress = Progress::new(
             "rollouts",
@@ -685,7 +732,7 @@ where
             let t0 = Instant::now();
             let prompts = self
                 .world
-                .train_prompts(&mut self.rng, self.cfg.grpo.prompts_per_rollout)?;
+                .train_prompts(&mut self.rng, self.cfg.rollout.prompts_per_rollout)?;
             let shard = self.workers.group_shard(prompts.len())?;
             let batch = self.rollout(id, &prompts[shard])?;
             let t_rollout = t0.elapsed().as_secs_f64();
@@ -700,20 +747,19 @@ where
             let t2 = Instant::now();
             let report = self.train(&batch, &adv)?;
             let t_train = t2.elapsed().as_secs_f64();
-            if let Some(last) = report.updates.last() {
-                metrics.extend(last.metrics());
-                metrics.extend(self.algorithm.update_metrics(last));
-            }
+            metrics.extend(UpdateReport::rollout_metrics(&report.updates));
+            metrics.extend(self.algorithm.rollout_metrics(&report.updates));
             metrics.extend(report.frozen.clone());
+            metrics.insert(
+                names::TRAIN_POLICY_VERSION.into(),
+                self.optimizer.policy_version() as f64,
+            );
             let n = batch.samples.len() as f64;
             metrics.insert(names::phase_time("rollout"), t_rollout);
-            metrics.insert(names::phase_time("score"), t_score);
             metrics.insert(names::phase_time("train"), t_train);
-            metrics.insert("perf/rollout_samples_per_s".into(), n / t_rollout);
-            metrics.insert(
-                "perf/train_transitions_per_s".into(),
-                n * batch.trained.len() as f64 / t_train,
-            );
+            metrics.insert(names::REWARD_SCORE_TIME.into(), t_score);
+            metrics.insert(names::REWARD_SCORE_SAMPLES_PER_S.into(), n / t_score);
+            metrics.insert(names::PERF_ROLLOUT_SAMPLES_PER_S.into(), n / t_rollout);
             let reward_mean = metrics.get(&reward_metric).copied().unwrap_or(f64::NAN);
             self.next_rollout = id + 1;
             summary.last_rollout = Some(id);
@@ -722,12 +768,8 @@ where
             if evaluate_now {
                 let e = self.evaluate(&format!("rollout_{:04}", self.next_rollout))?;
                 print_eval(&format!("after rollout {id}"), &e);
-                metrics.insert(EVAL_REWARD.into(), e.reward);
-                metrics.insert(names::phase_time("eval"), e.seconds);
-                summary.final_eval = Some(EvalSummary {
-                    reward: e.reward,
-                    stderr: e.stderr,
-                });
+                metrics.extend(e.metrics());
+                summary.final_eval = Some(e.summary());
             }
             self.log(id, &metrics)?;
             progress.inc(1);
@@ -823,16 +865,27 @@ where
     .generate()
     .to_tensor::<Inner<B>, 3>(device)?;
     let cond = world.encode(&all, device)?;
-    let out = sample_in_chunks(
-        model,
-        &cond,
-        x_t,
-        spec,
-        &SdeSteps::new([]),
-        threads,
-        |step, _| Err(TrainerError::TrainedStepOutOfRange { step, steps: 0 }),
-    )?;
-    let samples = world.decode(out.final_latents)?;
+    // blocks of at most EVAL_ROWS_PER_THREAD rows per thread: a wide batch is no faster per
+    // sample, and on a CPU backend past a size it loses the written-out broadcasts (the same
+    // bits either way: every row is sampled on its own)
+    let threads = threads.max(1);
+    let block = EVAL_ROWS_PER_THREAD * threads;
+    let mut samples = Vec::with_capacity(all.len());
+    let mut start = 0;
+    while start < all.len() {
+        let rows = start..all.len().min(start + block);
+        let out = sample_in_chunks(
+            model,
+            &cond.slice_rows(rows.clone()),
+            x_t.clone().slice([rows.clone()]),
+            spec,
+            &SdeSteps::new([]),
+            threads,
+            |step, _| Err(TrainerError::TrainedStepOutOfRange { step, steps: 0 }),
+        )?;
+        samples.extend(world.decode(out.final_latents)?);
+        start = rows.end;
+    }
     let prompts: Vec<String> = all.iter().map(|p| p.to_string()).collect();
     let scores = world.score(&samples, &prompts)?;
     if scores.len() != samples.len() {

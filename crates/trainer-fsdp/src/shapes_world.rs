@@ -39,13 +39,14 @@ use dit_models::{
     ImageShape, QwenImageConditioning, QwenImageConfig, QwenImageTransformer2DModel, VelocityModel,
 };
 use reward::shapes::{Category, IMAGE_SIZE, SceneSpec, ShapesScorer};
-use reward::{Batch, Components, RgbImage, Scorer};
+use reward::{Batch, Components, RgbImage};
 use sde_math::StorageDtype;
 use trajectory::{Conditions, Digest, StoredTensor};
 
-use crate::config::Trainable;
+use crate::config::{ScorerSpec, Trainable};
 use crate::error::{TrainerError, io_err};
 use crate::rng::TrainerRng;
+use crate::scorers::ScorerSet;
 use crate::world::{HeldOutPrompt, LoadedPolicy, World};
 
 /// Side of the latent token grid: `IMAGE_SIZE / 4` (space-to-depth 2, then 2x2 patches).
@@ -510,14 +511,13 @@ pub fn train_prompts(
     Ok(out)
 }
 
-/// A scorer the shapes world can hand samples to from several threads.
-pub type SharedScorer = Box<dyn Scorer + Send + Sync>;
+pub use crate::scorers::SharedScorer;
 
 /// The shapes world as a [`World`]: the committed base generator's transformer as the policy,
 /// its text encoder (frozen, on the plain backend) as the prompt encoder, the exact
 /// space-to-depth codec as the decoder, the closed grammar's scenes as prompts (the
-/// [`eval_prompts`] held out), and a scorer chosen by the config (the `reward::shapes`
-/// composition judge by default).
+/// [`eval_prompts`] held out), and the scorers of `[reward] scorers` (the recipe's: the
+/// `reward::shapes` composition judge).
 pub struct ShapesWorld<Bi: Backend> {
     dir: std::path::PathBuf,
     text: TextEncoder<Bi>,
@@ -537,19 +537,28 @@ impl<Bi: Backend> std::fmt::Debug for ShapesWorld<Bi> {
 }
 
 impl<Bi: Backend> ShapesWorld<Bi> {
-    /// The world of the generator directory `dir` (written by [`ShapesGenerator::save`]):
-    /// loads the text encoder; the transformer is loaded by [`World::load_policy`].
+    /// The world of the generator directory `dir` (written by [`ShapesGenerator::save`]),
+    /// scored by `scorers`: loads the text encoder and builds the scorers; the transformer is
+    /// loaded by [`World::load_policy`].
     ///
     /// # Errors
-    /// Missing or mismatched text-encoder files.
-    pub fn load(dir: &Path, device: &Bi::Device) -> Result<Self, TrainerError> {
+    /// Missing or mismatched text-encoder files, scorers that do not load.
+    pub fn load(
+        dir: &Path,
+        scorers: &[ScorerSpec],
+        device: &Bi::Device,
+    ) -> Result<Self, TrainerError>
+    where
+        reward::PickScore<Bi>: Send + Sync,
+    {
         let text = load_text_encoder::<Bi>(dir, device)?.0;
-        Self::new(dir, text)
+        Ok(Self::new(dir, text)?
+            .with_scorer(Box::new(ScorerSet::from_specs::<Bi>(scorers, device)?)))
     }
 
     /// The world of a generator whose text encoder is already loaded (pretraining evaluates
-    /// the generator it trains this way); [`World::load_policy`] reads the transformer from
-    /// `dir`.
+    /// the generator it trains this way), scored by the composition judge;
+    /// [`World::load_policy`] reads the transformer from `dir`.
     ///
     /// # Errors
     /// A held-out prompt outside the grammar (a programming error of this module).

@@ -406,6 +406,55 @@ pub struct UpdateReport<D> {
 }
 
 impl<D> UpdateReport<D> {
+    /// The algorithm-independent `train/*` and `perf/*` metrics of a rollout's updates, in
+    /// plan order (the algorithm adds its own, e.g. the ratio statistics): the mean loss and
+    /// gradient norm over the updates, the last step's learning rate, the steps taken and
+    /// skipped, the micro-batches, and the updates' throughput. NaN where an update's value is.
+    pub fn rollout_metrics(updates: &[Self]) -> Metrics {
+        let mut m = Metrics::new();
+        let n = updates.len() as f64;
+        let mean = |f: fn(&Self) -> f64| {
+            if updates.is_empty() {
+                f64::NAN
+            } else {
+                updates.iter().map(f).sum::<f64>() / n
+            }
+        };
+        m.insert(names::TRAIN_LOSS.into(), mean(|u| u.loss));
+        m.insert(
+            names::TRAIN_GRAD_NORM.into(),
+            mean(|u| u.step.clip.map_or(f64::NAN, |c| c.total_norm)),
+        );
+        m.insert(
+            names::TRAIN_LR.into(),
+            updates.last().map_or(f64::NAN, |u| u.step.lr),
+        );
+        let skipped = updates.iter().filter(|u| u.step.skipped.is_some()).count();
+        m.insert(
+            names::TRAIN_OPTIMIZER_STEPS.into(),
+            (updates.len() - skipped) as f64,
+        );
+        m.insert(names::TRAIN_OPTIMIZER_SKIPS.into(), skipped as f64);
+        m.insert(
+            names::TRAIN_NUM_MICROBATCHES.into(),
+            updates.iter().map(|u| u.num_microbatches).sum::<usize>() as f64,
+        );
+        let seconds: f64 = updates.iter().map(|u| u.seconds).sum();
+        let transitions: usize = updates.iter().map(|u| u.transitions).sum();
+        let samples: usize = updates.iter().map(|u| u.samples).sum();
+        if seconds > 0.0 && transitions > 0 {
+            m.insert(
+                names::PERF_TRAIN_TRANSITIONS_PER_S.into(),
+                transitions as f64 / seconds,
+            );
+            m.insert(
+                names::PERF_TRAIN_SAMPLES_PER_S.into(),
+                samples as f64 / seconds,
+            );
+        }
+        m
+    }
+
     /// The update's algorithm-independent `train/*` and `perf/*` metrics (the algorithm adds
     /// its own, e.g. the ratio statistics).
     pub fn metrics(&self) -> Metrics {

@@ -115,7 +115,7 @@ fn one_full_iteration_end_to_end() {
         "the second update replays moved weights"
     );
     // the algorithm's metrics of the update say the same
-    let m = trainer_fsdp::algorithm::clip_metrics(&report.updates[0]);
+    let m = trainer_fsdp::algorithm::clip_metrics(&report.updates[..1]);
     assert_eq!(
         (m[names::TRAIN_RATIO_MIN], m[names::TRAIN_RATIO_MAX]),
         (1.0, 1.0)
@@ -233,6 +233,19 @@ fn resume_continues_from_the_last_commit_with_identical_state() {
     );
     let ma = read_jsonl(&a.path().join("run").join("metrics.jsonl")).unwrap();
     let mb = read_jsonl(&b.path().join("run").join("metrics.jsonl")).unwrap();
+    // every fixed metric name is logged every rollout, aggregated over both updates
+    for r in &ma {
+        for name in names::ALL {
+            assert!(
+                r.metrics.get(*name).is_some_and(Option::is_some),
+                "rollout {}: {name} missing or null",
+                r.step
+            );
+        }
+        assert_eq!(r.metrics[names::TRAIN_OPTIMIZER_STEPS], Some(2.0));
+        assert_eq!(r.metrics[names::TRAIN_NUM_MICROBATCHES], Some(2.0));
+    }
+    assert_eq!(ma[1].metrics[names::TRAIN_POLICY_VERSION], Some(4.0));
     assert_eq!(ma.len(), mb.len());
     for (x, y) in ma.iter().zip(&mb) {
         assert_eq!(x.step, y.step);

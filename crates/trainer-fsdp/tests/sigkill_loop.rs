@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use burn::module::AutodiffModule;
 use crash_harness::{Harness, say};
 use shapes_common::*;
-use trainer_fsdp::{CheckpointStore, StopFlag, TrainerRng, WritePhase, read_jsonl};
+use trainer_fsdp::{CheckpointStore, StopFlag, TrainerRng, WritePhase, names, read_jsonl};
 
 const ROLLOUTS: u64 = 4;
 const FINAL: &str = "final_adapter.bin";
@@ -87,7 +87,7 @@ fn metrics(dir: &Path) -> Vec<Record> {
                 r.step,
                 r.metrics
                     .into_iter()
-                    .filter(|(k, _)| !k.starts_with("perf/"))
+                    .filter(|(k, _)| !names::is_timing(k))
                     .collect(),
             )
         })

@@ -42,7 +42,7 @@ fn first_update_is_on_policy_and_the_second_is_not() {
         loss(m, &r, &anchor, &adv, mb)
     })
     .unwrap();
-    let c = clip_metrics(&first);
+    let c = clip_metrics(std::slice::from_ref(&first));
     assert_eq!(c[names::TRAIN_RATIO_MIN], 1.0);
     assert_eq!(c[names::TRAIN_RATIO_MAX], 1.0);
     assert_eq!(c[names::TRAIN_CLIP_FRACTION], 0.0);
@@ -60,7 +60,7 @@ fn first_update_is_on_policy_and_the_second_is_not() {
         loss(m, &r, &anchor, &adv, mb)
     })
     .unwrap();
-    let c = clip_metrics(&second);
+    let c = clip_metrics(std::slice::from_ref(&second));
     assert!(
         c[names::TRAIN_RATIO_MIN] < 1.0 || c[names::TRAIN_RATIO_MAX] > 1.0,
         "after a step the ratio leaves 1: {second:?}"
@@ -157,8 +157,8 @@ fn threaded_micro_batches_step_exactly_like_sequential_ones() {
             assert_eq!(a.num_microbatches, 4);
             assert_eq!(a.loss.to_bits(), b.loss.to_bits());
             assert_eq!(
-                clip_metrics(a)[names::TRAIN_RATIO_MAX].to_bits(),
-                clip_metrics(b)[names::TRAIN_RATIO_MAX].to_bits()
+                clip_metrics(std::slice::from_ref(a))[names::TRAIN_RATIO_MAX].to_bits(),
+                clip_metrics(std::slice::from_ref(b))[names::TRAIN_RATIO_MAX].to_bits()
             );
             assert_eq!(
                 a.step.clip.unwrap().total_norm.to_bits(),

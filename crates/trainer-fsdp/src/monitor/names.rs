@@ -1,8 +1,9 @@
 //! The metric names of seed 002, "Monitoring" (all series share the rollout/step x-axis).
 
-/// The FlowGRPO clipped loss.
+/// The mean over the rollout's updates of each update's loss (FlowGRPO: the clipped loss).
 pub const TRAIN_LOSS: &str = "train/loss";
-/// Mean importance ratio.
+/// Mean importance ratio (pooled over every update's `(sample, step)` elements, as are the
+/// other ratio statistics).
 pub const TRAIN_RATIO_MEAN: &str = "train/ratio_mean";
 /// Std of the importance ratio.
 pub const TRAIN_RATIO_STD: &str = "train/ratio_std";
@@ -14,24 +15,23 @@ pub const TRAIN_RATIO_MAX: &str = "train/ratio_max";
 pub const TRAIN_CLIP_FRACTION: &str = "train/clip_fraction";
 /// Approximate KL between pi_old and the current policy.
 pub const TRAIN_APPROX_KL: &str = "train/approx_kl";
-/// Global gradient norm before clipping.
+/// Global gradient norm before clipping, the mean over the rollout's updates.
 pub const TRAIN_GRAD_NORM: &str = "train/grad_norm";
-/// Learning rate of the step.
+/// Learning rate of the rollout's last optimizer step.
 pub const TRAIN_LR: &str = "train/lr";
-/// Optimizer steps taken.
+/// Optimizer steps the rollout took.
 pub const TRAIN_OPTIMIZER_STEPS: &str = "train/optimizer_steps";
-/// Optimizer steps skipped (degenerate advantages, non-finite gradients).
+/// Optimizer steps the rollout skipped (degenerate advantages, non-finite gradients).
 pub const TRAIN_OPTIMIZER_SKIPS: &str = "train/optimizer_skips";
-/// Micro-batches of the round.
+/// Micro-batches of the rollout's updates.
 pub const TRAIN_NUM_MICROBATCHES: &str = "train/num_microbatches";
-/// The policy version after the round.
+/// The policy version after the rollout (optimizer steps that changed the weights, since
+/// the start of training).
 pub const TRAIN_POLICY_VERSION: &str = "train/policy_version";
 /// Max |pi_old anchor - sampler| log-prob over the rollout (0 when the replay reproduces the
 /// sampler bit for bit; float rounding when the sampler's backend fuses what autodiff
 /// decomposes).
 pub const TRAIN_LOGP_PARITY_MAX_ABS: &str = "train/logp_parity_max_abs";
-/// Checkpoint writes that failed (non-fatal).
-pub const TRAIN_CHECKPOINT_FAILURES: &str = "train/checkpoint_failures";
 /// Mean of the combined advantage.
 pub const REWARD_ADVANTAGE_MEAN: &str = "reward/advantage_mean";
 /// Std of the combined advantage.
@@ -48,10 +48,43 @@ pub const REWARD_FAILED_GROUPS: &str = "reward/failed_groups";
 pub const REWARD_SCORE_TIME: &str = "reward/score_time";
 /// Scorer throughput.
 pub const REWARD_SCORE_SAMPLES_PER_S: &str = "reward/score_samples_per_s";
-/// Replayed transitions per second (one transition = one replayed SDE step of one candidate).
+/// Samples rolled out per second (sampling, decoding and the sidecars).
+pub const PERF_ROLLOUT_SAMPLES_PER_S: &str = "perf/rollout_samples_per_s";
+/// Replayed transitions per second of the updates (one transition = one replayed SDE step of
+/// one candidate, forward and backward).
 pub const PERF_TRAIN_TRANSITIONS_PER_S: &str = "perf/train_transitions_per_s";
-/// Trained candidates per second.
+/// Trained candidates per second of the updates.
 pub const PERF_TRAIN_SAMPLES_PER_S: &str = "perf/train_samples_per_s";
+
+/// Every fixed metric name the run logs each rollout (the evaluation's, the per-component
+/// `reward/<c>_*` and the phase times are formed by the functions below).
+pub const ALL: &[&str] = &[
+    TRAIN_LOSS,
+    TRAIN_RATIO_MEAN,
+    TRAIN_RATIO_STD,
+    TRAIN_RATIO_MIN,
+    TRAIN_RATIO_MAX,
+    TRAIN_CLIP_FRACTION,
+    TRAIN_APPROX_KL,
+    TRAIN_GRAD_NORM,
+    TRAIN_LR,
+    TRAIN_OPTIMIZER_STEPS,
+    TRAIN_OPTIMIZER_SKIPS,
+    TRAIN_NUM_MICROBATCHES,
+    TRAIN_POLICY_VERSION,
+    TRAIN_LOGP_PARITY_MAX_ABS,
+    REWARD_ADVANTAGE_MEAN,
+    REWARD_ADVANTAGE_STD,
+    REWARD_NUM_GROUPS,
+    REWARD_GROUP_STD_MEAN,
+    REWARD_DEGENERATE,
+    REWARD_FAILED_GROUPS,
+    REWARD_SCORE_TIME,
+    REWARD_SCORE_SAMPLES_PER_S,
+    PERF_ROLLOUT_SAMPLES_PER_S,
+    PERF_TRAIN_TRANSITIONS_PER_S,
+    PERF_TRAIN_SAMPLES_PER_S,
+];
 
 /// `reward/<component>_<stat>`, e.g. `reward/pickscore_mean`.
 ///
@@ -70,4 +103,17 @@ pub fn reward_component(component: &str, stat: &str) -> String {
 /// ```
 pub fn phase_time(phase: &str) -> String {
     format!("perf/{phase}_time")
+}
+
+/// Whether a metric measures time or throughput (`perf/*`, `reward/score_time`,
+/// `reward/score_samples_per_s`): the values that differ between two runs that are otherwise
+/// bit for bit the same.
+///
+/// ```
+/// use trainer_fsdp::names;
+/// assert!(names::is_timing(names::REWARD_SCORE_TIME) && names::is_timing("perf/train_time"));
+/// assert!(!names::is_timing(names::TRAIN_LOSS));
+/// ```
+pub fn is_timing(name: &str) -> bool {
+    name.starts_with("perf/") || name == REWARD_SCORE_TIME || name == REWARD_SCORE_SAMPLES_PER_S
 }

@@ -12,7 +12,7 @@ use reward::{Batch, Components, Input, RewardError, Scorer};
 use trainer_fsdp::shapes_world::{
     ShapesGenerator, ShapesWorld, SharedScorer, TextEncoderConfig, transformer_config,
 };
-use trainer_fsdp::{FlowGrpo, LocalWorkers, Override, RecipeName, Run, TrainConfig};
+use trainer_fsdp::{AlgorithmPlan, FlowGrpo, LocalWorkers, Override, RecipeName, Run, TrainConfig};
 
 /// The autodiff backend of the loop tests.
 pub type B = Autodiff<Flex>;
@@ -32,10 +32,11 @@ pub fn start_in(
     let cfg = tiny_config(root, rollouts, extra);
     let pre = cfg.preflight().unwrap();
     let dev = Default::default();
-    let world = ShapesWorld::<Flex>::load(&root.join("generator"), &dev)
+    let world = ShapesWorld::<Flex>::load(&root.join("generator"), &cfg.reward.scorers, &dev)
         .unwrap()
         .with_scorer(scorer);
-    let algorithm = FlowGrpo::new(pre.clip_range);
+    let AlgorithmPlan::FlowGrpo { clip_range } = pre.algorithm.clone();
+    let algorithm = FlowGrpo::new(clip_range);
     let workers = LocalWorkers::new(cfg.run.threads());
     Run::new(cfg, pre, run_dir, dev, world, algorithm, workers).unwrap()
 }
@@ -63,9 +64,9 @@ pub fn tiny_config(root: &Path, rollouts: u64, extra: &[&str]) -> TrainConfig {
     let mut o = vec![
         format!("model.generator.shapes_world.dir={}", dir("generator")),
         "run.num_rollouts=".to_string() + &rollouts.to_string(),
-        "grpo.prompts_per_rollout=2".into(),
-        "grpo.group_size=4".into(),
-        "grpo.micro_batch_size=4".into(),
+        "rollout.prompts_per_rollout=2".into(),
+        "rollout.group_size=4".into(),
+        "rollout.micro_batch_size=4".into(),
         "sampling.num_inference_steps=4".into(),
         "sampling.sde_pool=[1, 2]".into(),
         "sampling.sde_indices=[1, 2]".into(),

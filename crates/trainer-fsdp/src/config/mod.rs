@@ -1,0 +1,931 @@
+//! One typed training configuration: a TOML file (optionally starting from a named recipe),
+//! `key=value` overrides with dotted paths, the resolved config written into the run directory,
+//! and the preflight validation that reports every problem at once.
+//!
+//! The keys mirror seed 002's flags ("Configuration Reference"), grouped in sections:
+//!
+//! ```toml
+//! recipe = "qwen_image_t2i_lora"   # optional: start from a named recipe, override below
+//!
+//! [run]        task, seed, num_rollouts, host_threads (optional; changes no result)
+//! [model]      trainable_mode ("full" | "lora"), master_dtype ("fp32" | "bf16", optional)
+//! [lora]       rank, alpha, dropout, target_modules (optional), use_rslora   (optional section)
+//! [sampling]   scheduler, height, width, num_inference_steps, guidance_scale, eta, sde_type,
+//!              solver, storage_dtype, sde_resample_per_rollout, sde_pool, sde_indices,
+//!              num_sde_steps, sde_timestep_fraction (pool, indices and fraction optional)
+//! [rollout]    prompts_per_rollout, group_size, num_updates_per_batch, micro_batch_size
+//! [algorithm]  kind = "flow_grpo", and the variant's keys — FlowGRPO: eps_clip,
+//!              eps_clip_high (optional), advantage_std_mode, kl_coef
+//! [optimizer]  lr, weight_decay, adam_beta1, adam_beta2, adam_eps, clip_grad,
+//!              lr_warmup_iters, lr_scheduler, min_lr, lr_decay_iters (optional)
+//! [reward]     scorers, required_components, component_weights
+//! [checkpoint] dir, save_interval, max_to_keep (optional: keep all), resume
+//! [artifacts]  root, retention_rollouts
+//! [eval]       interval (0: never), samples_per_prompt
+//! [monitor]    jsonl, tensorboard, progress      (all optional; they change no result)
+//! ```
+//!
+//! Every key that changes results is required: it comes from the recipe or from the file,
+//! never from a silent default. Unknown keys are rejected. The keys of the former `[grpo]`
+//! section are refused with an error naming where each one moved ([`MOVED_KEYS`]).
+//!
+//! ```
+//! use trainer_fsdp::{Override, TrainConfig};
+//!
+//! # fn main() -> Result<(), trainer_fsdp::TrainerError> {
+//! let cfg = TrainConfig::from_toml_str(
+//!     r#"recipe = "qwen_image_t2i_lora"
+//!        [rollout]
+//!        group_size = 4"#,
+//!     None,
+//!     &[Override::parse("optimizer.lr=1e-4")?],
+//! )?;
+//! assert_eq!(cfg.rollout.group_size, 4);
+//! assert_eq!(cfg.optimizer.lr, 1e-4);
+//! assert_eq!(cfg.sampling.eta, 0.7); // from the recipe
+//! let checked = cfg.preflight()?;
+//! assert_eq!(checked.batch.global_batch_size, 32 * 4);
+//!
+//! // a key of the former [grpo] section says where it went
+//! let err = TrainConfig::from_toml_str(
+//!     "recipe = \"qwen_image_t2i_lora\"\n[grpo]\neps_clip = 2e-4\n",
+//!     None,
+//!     &[],
+//! )
+//! .unwrap_err();
+//! assert!(err.to_string().contains("grpo.eps_clip is now algorithm.eps_clip"), "{err}");
+//! # Ok(()) }
+//! ```
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use dit_models::LoraConfig;
+use flow_grpo::{
+    AdvantageConfig, ClipRange, PlanWarning as UpdatePlanWarning, RewardComponent, StdMode,
+    UpdatePlan, plan_updates,
+};
+use schedule::{
+    ConfiguredPlan, PlanProblem, PlanWarning, Schedule, ScheduleError, SchedulePolicy, SdeType,
+    TrainedStepsConfig,
+};
+use sde_math::StorageDtype;
+use sde_math::solvers::{DpmSecondOrder, DpmSolverPP, OdeSolver, UniPc};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{TrainerError, io_err};
+use crate::lr::LrSchedule;
+
+mod overrides;
+mod preflight;
+mod recipes;
+#[cfg(test)]
+mod tests;
+
+pub use overrides::{Override, OverrideProblem};
+pub use preflight::{
+    AdamWSettings, AlgorithmPlan, BatchGeometry, Preflight, PreflightProblem, PreflightWarning,
+    Trainable,
+};
+
+/// The generation tasks that have a working rollout and replay path (seed 002's
+/// `GENERATION_TASKS`).
+pub const GENERATION_TASKS: &[&str] = &["t2i"];
+
+/// The file the resolved config is written to inside the run directory.
+pub const RESOLVED_CONFIG_FILE: &str = "config.resolved.toml";
+
+/// The named recipes a config can start from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RecipeName {
+    /// [`TrainConfig::qwen_image_t2i_lora`]: seed 002's validated LoRA run.
+    #[serde(rename = "qwen_image_t2i_lora")]
+    QwenImageT2iLora,
+    /// [`TrainConfig::qwen_image_t2i_full`]: seed 002's full fine-tune reference.
+    #[serde(rename = "qwen_image_t2i_full")]
+    QwenImageT2iFull,
+    /// [`TrainConfig::shapes_world_lora`]: the validated recipe's shape on the embedded
+    /// shapes world, scaled to a CPU.
+    #[serde(rename = "shapes_world_lora")]
+    ShapesWorldLora,
+}
+
+impl RecipeName {
+    /// Every recipe, for error messages and listings.
+    pub const ALL: [RecipeName; 3] = [
+        RecipeName::QwenImageT2iLora,
+        RecipeName::QwenImageT2iFull,
+        RecipeName::ShapesWorldLora,
+    ];
+
+    /// The name used in files and on the command line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RecipeName::QwenImageT2iLora => "qwen_image_t2i_lora",
+            RecipeName::QwenImageT2iFull => "qwen_image_t2i_full",
+            RecipeName::ShapesWorldLora => "shapes_world_lora",
+        }
+    }
+
+    /// Parses a recipe name.
+    ///
+    /// # Errors
+    /// [`TrainerError::UnknownRecipe`] naming the known recipes.
+    pub fn parse(name: &str) -> Result<Self, TrainerError> {
+        Self::ALL
+            .into_iter()
+            .find(|r| r.as_str() == name)
+            .ok_or_else(|| TrainerError::UnknownRecipe {
+                given: name.to_string(),
+                known: Self::ALL.iter().map(|r| r.as_str()).collect(),
+            })
+    }
+
+    /// The recipe's configuration.
+    pub fn config(self) -> TrainConfig {
+        match self {
+            RecipeName::QwenImageT2iLora => TrainConfig::qwen_image_t2i_lora(),
+            RecipeName::QwenImageT2iFull => TrainConfig::qwen_image_t2i_full(),
+            RecipeName::ShapesWorldLora => TrainConfig::shapes_world_lora(),
+        }
+    }
+}
+
+/// Which parameters train (`--fsdp-trainable-mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TrainableMode {
+    /// Every parameter of the transformer.
+    Full,
+    /// LoRA adapters only; the base is frozen.
+    Lora,
+}
+
+/// The storage dtype of the trainable parameters, i.e. the optimizer's master copy
+/// (`--fsdp-master-dtype`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MasterDtype {
+    /// `f32` masters: what LoRA needs (`~1e-4` relative updates round off in bf16).
+    Fp32,
+    /// `bf16` masters.
+    Bf16,
+}
+
+/// The SDE of the trained steps (seed 002's `sde_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SdeKind {
+    /// `"sde"`: FlowGRPO's coefficient `sqrt(sigma / (1 - sigma)) * eta`.
+    #[serde(rename = "sde")]
+    FlowSde,
+    /// `"dance"`: DanceGRPO's constant `eta`.
+    #[serde(rename = "dance")]
+    Dance,
+    /// `"cps"`: coefficients-preserving sampling.
+    #[serde(rename = "cps")]
+    Cps,
+}
+
+impl SdeKind {
+    /// The schedule crate's SDE type.
+    pub fn sde_type(self) -> SdeType {
+        match self {
+            SdeKind::FlowSde => SdeType::FlowSde,
+            SdeKind::Dance => SdeType::Dance,
+            SdeKind::Cps => SdeType::Cps,
+        }
+    }
+}
+
+/// The std divisor after per-prompt centring (`--generative-advantage-std-mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AdvantageStdMode {
+    /// Each group's own std (Relax / text GRPO).
+    Group,
+    /// The batch std (the reference diffusion recipe's global std).
+    Batch,
+    /// No division (Dr.GRPO).
+    None,
+}
+
+impl AdvantageStdMode {
+    /// flow-grpo's std mode.
+    pub fn std_mode(self) -> StdMode {
+        match self {
+            AdvantageStdMode::Group => StdMode::Group,
+            AdvantageStdMode::Batch => StdMode::Batch,
+            AdvantageStdMode::None => StdMode::None,
+        }
+    }
+}
+
+/// The post-warmup learning-rate shape (`--fsdp-lr-scheduler`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LrSchedulerKind {
+    /// Stay at `lr` (the decay settings are ignored).
+    Constant,
+    /// Linear decay to `min_lr` over `lr_decay_iters`.
+    Linear,
+    /// Cosine decay to `min_lr` over `lr_decay_iters`.
+    Cosine,
+}
+
+/// Where the sigma schedule comes from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SchedulerSource {
+    /// `SchedulePolicy::qwen_image()`.
+    #[serde(rename = "qwen_image")]
+    QwenImage,
+    /// `SchedulePolicy::sd3_5()`.
+    #[serde(rename = "sd3_5")]
+    Sd35,
+    /// `SchedulePolicy::flux_1()`.
+    #[serde(rename = "flux_1")]
+    Flux1,
+    /// `SchedulePolicy::flux_2_klein()`.
+    #[serde(rename = "flux_2_klein")]
+    Flux2Klein,
+    /// A diffusers `scheduler_config.json` (or a directory holding one).
+    #[serde(rename = "file")]
+    File(PathBuf),
+}
+
+impl SchedulerSource {
+    /// The schedule policy.
+    ///
+    /// # Errors
+    /// The schedule crate's error for an unreadable or invalid scheduler config.
+    pub fn policy(&self) -> Result<SchedulePolicy, ScheduleError> {
+        Ok(match self {
+            SchedulerSource::QwenImage => SchedulePolicy::qwen_image(),
+            SchedulerSource::Sd35 => SchedulePolicy::sd3_5(),
+            SchedulerSource::Flux1 => SchedulePolicy::flux_1(),
+            SchedulerSource::Flux2Klein => SchedulePolicy::flux_2_klein(),
+            SchedulerSource::File(path) => SchedulePolicy::load(path)?,
+        })
+    }
+}
+
+/// `[run]`: what is trained, and for how long.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunSection {
+    /// The generation task (`--generation-task`); one of [`GENERATION_TASKS`]. Also names the
+    /// checkpoint and artifact subdirectories.
+    pub task: String,
+    /// Base seed of rollouts and generation (`--rollout-seed`, `--generation-seed`).
+    pub seed: u64,
+    /// Rollouts to run (each is one prompt batch and `num_updates_per_batch` optimizer steps).
+    pub num_rollouts: u64,
+    /// Host threads that sample, replay and train chunks of a batch side by side (optional,
+    /// default: the machine's cores). It changes no result (the chunked loop gives the same
+    /// bits); on a GPU backend 1 keeps each batch whole on the device, and the
+    /// `qwen_image_t2i_lora` example uses 1 there unless this is set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_threads: Option<usize>,
+}
+
+impl RunSection {
+    /// `host_threads`, or the machine's cores.
+    pub fn threads(&self) -> usize {
+        self.host_threads.unwrap_or_else(|| {
+            std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+        })
+    }
+}
+
+/// `[model]`: which parameters train and how they are stored.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSection {
+    /// Which generator is trained (`--model-path`).
+    pub generator: GeneratorSource,
+    /// `full` or `lora`; must agree with `lora.rank`.
+    pub trainable_mode: TrainableMode,
+    /// The optimizer's master dtype; `None` keeps the loaded dtype.
+    #[serde(default)]
+    pub master_dtype: Option<MasterDtype>,
+}
+
+/// The generator a run trains.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum GeneratorSource {
+    /// The shapes world's base generator (`trainer_fsdp::shapes_world`), a directory written by
+    /// the `pretrain_shapes` example (`transformer/` + `text_encoder.mpk`); scored by
+    /// `reward::shapes`. The embedded default.
+    ShapesWorld {
+        /// The generator directory.
+        dir: PathBuf,
+    },
+    /// A diffusers Qwen-Image directory (`--model-path`) scored by PickScore
+    /// (`--reward-model-path`). The transformer loads (`dit_models`), but the rest of the
+    /// pipeline (the Qwen2.5-VL text encoder, its tokenizer and the VAE) is not implemented
+    /// yet, so a run refuses to start and says so.
+    QwenImage {
+        /// The diffusers model directory.
+        model_path: PathBuf,
+        /// The PickScore model directory.
+        reward_model_path: Option<PathBuf>,
+    },
+}
+
+/// `[lora]`: the adapter (`--lora-*`). Absent means rank 0.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoraSection {
+    /// `--lora-rank`; `> 0` exactly when `model.trainable_mode = "lora"`.
+    pub rank: usize,
+    /// `--lora-alpha`; the scale is `alpha / rank`. Not recoverable from the weights.
+    pub alpha: f64,
+    /// `--lora-dropout`; must be 0 (the pi_old anchor is a replay through the live model).
+    pub dropout: f64,
+    /// Module-name suffixes; `None` takes the model's own targets
+    /// (`dit_models::DEFAULT_TARGET_MODULES` for Qwen-Image).
+    #[serde(default)]
+    pub target_modules: Option<Vec<String>>,
+    /// rsLoRA scaling `alpha / sqrt(rank)`.
+    pub use_rslora: bool,
+}
+
+/// `[sampling]`: seed 002's `--sampling-config` keys.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SamplingSection {
+    /// The sigma schedule policy.
+    pub scheduler: SchedulerSource,
+    /// Output height in pixels.
+    pub height: u32,
+    /// Output width in pixels.
+    pub width: u32,
+    /// Denoising steps generated (all run; only the resolved subset is trained).
+    pub num_inference_steps: usize,
+    /// Classifier-free guidance; must be 1 (the replay is a single positive-conditioned
+    /// forward).
+    pub guidance_scale: f64,
+    /// SDE noise level of the trained steps. Set explicitly: seed 002 warns that rollout and
+    /// replay defaulted it differently.
+    pub eta: f64,
+    /// `"sde"`, `"dance"` or `"cps"`.
+    pub sde_type: SdeKind,
+    /// The deterministic solver of the other steps.
+    pub solver: SolverKind,
+    /// The precision of the stored latents.
+    pub storage_dtype: StorageKind,
+    /// Redraw the trained steps per rollout from `sde_pool` (highest priority in training).
+    pub sde_resample_per_rollout: bool,
+    /// Candidates of the per-rollout draw; `None`: every step of the fraction window.
+    #[serde(default)]
+    pub sde_pool: Option<Vec<usize>>,
+    /// Explicit trained steps; the evaluation fallback of a resample.
+    #[serde(default)]
+    pub sde_indices: Option<Vec<usize>>,
+    /// Steps per rollout (resample) or stride-spaced window picks.
+    pub num_sde_steps: usize,
+    /// `[lo, hi]` normalized window; `None` is the whole schedule `[0, 1]`.
+    #[serde(default)]
+    pub sde_timestep_fraction: Option<[f64; 2]>,
+}
+
+impl SamplingSection {
+    /// The trained-step keys for the schedule crate, which resolves and validates them.
+    pub fn trained_steps(&self) -> TrainedStepsConfig {
+        TrainedStepsConfig {
+            num_inference_steps: self.num_inference_steps,
+            sde_resample_per_rollout: self.sde_resample_per_rollout,
+            sde_pool: self.sde_pool.clone(),
+            sde_indices: self.sde_indices.clone(),
+            num_sde_steps: self.num_sde_steps,
+            sde_timestep_fraction: self.sde_timestep_fraction.unwrap_or([0.0, 1.0]),
+        }
+    }
+}
+
+/// `[rollout]`: the batch of one rollout — prompt groups of candidates — and its split into
+/// optimizer updates and micro-batches.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RolloutSection {
+    /// Prompts per rollout, i.e. groups (`--rollout-batch-size`).
+    pub prompts_per_rollout: usize,
+    /// Candidates per prompt, the group (`--n-samples-per-prompt`).
+    pub group_size: usize,
+    /// Disjoint optimizer updates the rollout batch is split into.
+    pub num_updates_per_batch: usize,
+    /// Candidates forwarded at once; must divide each update's chunk.
+    pub micro_batch_size: usize,
+}
+
+/// `[algorithm]`: the RL objective, by `kind`, with the variant's own keys.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum AlgorithmSection {
+    /// `kind = "flow_grpo"`: FlowGRPO's clipped objective over the trained SDE steps'
+    /// log-probs against the pi_old anchor ([`crate::FlowGrpo`]).
+    FlowGrpo(FlowGrpoSection),
+}
+
+impl AlgorithmSection {
+    /// The `kind` as written in the config.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            AlgorithmSection::FlowGrpo(_) => "flow_grpo",
+        }
+    }
+}
+
+/// FlowGRPO's keys of `[algorithm]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FlowGrpoSection {
+    /// PPO clip range (FlowGRPO uses `1e-4`).
+    pub eps_clip: f64,
+    /// Optional asymmetric upper clip.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eps_clip_high: Option<f64>,
+    /// The std divisor of the group-relative advantages after centring.
+    pub advantage_std_mode: AdvantageStdMode,
+    /// KL-to-reference coefficient; must be 0 (no reference model yet).
+    pub kl_coef: f64,
+}
+
+/// Where each key of the former `[grpo]` section went; a config that still uses one is
+/// refused with an error naming the new key.
+pub const MOVED_KEYS: &[(&str, &str)] = &[
+    ("grpo.prompts_per_rollout", "rollout.prompts_per_rollout"),
+    ("grpo.group_size", "rollout.group_size"),
+    (
+        "grpo.num_updates_per_batch",
+        "rollout.num_updates_per_batch",
+    ),
+    ("grpo.micro_batch_size", "rollout.micro_batch_size"),
+    (
+        "grpo.eps_clip",
+        "algorithm.eps_clip (with algorithm.kind = \"flow_grpo\")",
+    ),
+    (
+        "grpo.eps_clip_high",
+        "algorithm.eps_clip_high (with algorithm.kind = \"flow_grpo\")",
+    ),
+    (
+        "grpo.advantage_std_mode",
+        "algorithm.advantage_std_mode (with algorithm.kind = \"flow_grpo\")",
+    ),
+    (
+        "grpo.kl_coef",
+        "algorithm.kl_coef (with algorithm.kind = \"flow_grpo\")",
+    ),
+    ("grpo.clip_grad", "optimizer.clip_grad"),
+];
+
+/// The deterministic solver of the steps that are not trained (and of every evaluation
+/// step).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SolverKind {
+    /// The Euler step `x + v dt`.
+    Euler,
+    /// DPM-Solver++(2M), midpoint second-order update (diffusers' default; flow_grpo's
+    /// `dpm2`).
+    DpmSolverPp2m,
+    /// UniPC-bh2 of order 2 with the corrector (diffusers' `UniPCMultistepScheduler`
+    /// defaults).
+    UnipcBh2,
+}
+
+impl SolverKind {
+    /// The `sde-math` solver.
+    pub fn solver(self) -> OdeSolver {
+        match self {
+            SolverKind::Euler => OdeSolver::Euler,
+            SolverKind::DpmSolverPp2m => OdeSolver::DpmSolverPP(
+                DpmSolverPP::new(2, DpmSecondOrder::Midpoint).expect("order 2 is valid"),
+            ),
+            SolverKind::UnipcBh2 => OdeSolver::UniPc(UniPc::bh2()),
+        }
+    }
+
+    /// The name written in configs and fingerprints.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SolverKind::Euler => "euler",
+            SolverKind::DpmSolverPp2m => "dpm_solver_pp_2m",
+            SolverKind::UnipcBh2 => "unipc_bh2",
+        }
+    }
+}
+
+/// The precision the trajectory stores latents at (the sampler scores samples rounded to it,
+/// so replay reads back exactly what was scored).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StorageKind {
+    /// bfloat16 (seed 002's sidecars).
+    Bf16,
+    /// IEEE half.
+    F16,
+    /// f32 (exact).
+    F32,
+}
+
+impl StorageKind {
+    /// The `sde-math` storage precision.
+    pub fn dtype(self) -> StorageDtype {
+        match self {
+            StorageKind::Bf16 => StorageDtype::Bf16,
+            StorageKind::F16 => StorageDtype::F16,
+            StorageKind::F32 => StorageDtype::F32,
+        }
+    }
+}
+
+/// A scorer of `[reward] scorers`, with the components it produces.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum ScorerSpec {
+    /// `"shapes"`: the shapes world's verifiable composition judge (component `shapes`, plus
+    /// per-constraint details).
+    Shapes,
+    /// `"jpeg_compressibility"`: DDPO's `-size_kb` at JPEG quality 95.
+    JpegCompressibility,
+    /// `"jpeg_incompressibility"`: DDPO's `+size_kb`.
+    JpegIncompressibility,
+    /// `{ pickscore = { model_path = "..." } }`: PickScore (CLIP) from a transformers
+    /// directory (component `pickscore`).
+    Pickscore {
+        /// The model directory (`config.json`, safetensors, tokenizer and processor files).
+        model_path: PathBuf,
+    },
+}
+
+impl ScorerSpec {
+    /// The components every sample gets from this scorer.
+    pub fn components(&self) -> Vec<&'static str> {
+        match self {
+            ScorerSpec::Shapes => vec![reward::shapes::SHAPES_COMPONENT],
+            ScorerSpec::JpegCompressibility => vec!["jpeg_compressibility"],
+            ScorerSpec::JpegIncompressibility => vec!["jpeg_incompressibility"],
+            ScorerSpec::Pickscore { .. } => vec![reward::PICKSCORE_COMPONENT],
+        }
+    }
+}
+
+/// `[optimizer]`: AdamW and the learning-rate schedule.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OptimizerSection {
+    /// Peak learning rate (`--lr`).
+    pub lr: f64,
+    /// Decoupled weight decay (`--weight-decay`).
+    pub weight_decay: f64,
+    /// `--adam-beta1`.
+    pub adam_beta1: f64,
+    /// `--adam-beta2`.
+    pub adam_beta2: f64,
+    /// `--adam-eps` (added to `sqrt(v_hat)`).
+    pub adam_eps: f64,
+    /// Global gradient-norm clip before each optimizer step (`--clip-grad`).
+    pub clip_grad: f64,
+    /// Linear warmup length in optimizer steps.
+    pub lr_warmup_iters: u64,
+    /// The post-warmup shape.
+    pub lr_scheduler: LrSchedulerKind,
+    /// The final rate of a decaying shape.
+    pub min_lr: f64,
+    /// The step at which a decaying shape reaches `min_lr`.
+    #[serde(default)]
+    pub lr_decay_iters: Option<u64>,
+}
+
+/// `[reward]`: components and their weights.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RewardSection {
+    /// The scorers of every sample (training and evaluation); their components are merged,
+    /// and two scorers may not produce the same component.
+    pub scorers: Vec<ScorerSpec>,
+    /// Components that must be present and finite; a miss fails the group.
+    pub required_components: Vec<String>,
+    /// `{component: weight}` combining the normalised components. Entries not listed as
+    /// required are optional components.
+    pub component_weights: BTreeMap<String, f64>,
+}
+
+/// `[checkpoint]`: where and how often.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointSection {
+    /// The checkpoint root (`--save`); checkpoints live under `<dir>/<task>/iter_<n>/`.
+    pub dir: PathBuf,
+    /// Save every this many rollouts (and at the end, and on Ctrl-C).
+    pub save_interval: u64,
+    /// Committed checkpoints kept; `None` keeps all.
+    #[serde(default)]
+    pub max_to_keep: Option<usize>,
+    /// Continue from the last committed checkpoint under `dir`.
+    pub resume: bool,
+}
+
+/// `[artifacts]`: trajectory sidecars and images.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ArtifactSection {
+    /// `--artifact-root`.
+    pub root: PathBuf,
+    /// Rollout directories kept; `<= 0` keeps all (unbounded growth).
+    pub retention_rollouts: i64,
+}
+
+/// `[eval]`: the held-out evaluation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EvalSection {
+    /// Evaluate every this many rollouts; 0 never.
+    pub interval: u64,
+    /// Samples per eval prompt (`--n-samples-per-eval-prompt`).
+    pub samples_per_prompt: usize,
+}
+
+/// When progress bars draw.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum ProgressMode {
+    /// When stderr is a terminal (never into a log file or CI output).
+    #[default]
+    Auto,
+    /// Never.
+    Never,
+}
+
+/// `[monitor]`: outputs that change no result, hence with defaults.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MonitorSection {
+    /// Write `metrics.jsonl`.
+    #[serde(default = "yes")]
+    pub jsonl: bool,
+    /// Write TensorBoard event files.
+    #[serde(default = "yes")]
+    pub tensorboard: bool,
+    /// Progress bars.
+    #[serde(default)]
+    pub progress: ProgressMode,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl Default for MonitorSection {
+    fn default() -> Self {
+        Self {
+            jsonl: true,
+            tensorboard: true,
+            progress: ProgressMode::Auto,
+        }
+    }
+}
+
+/// The whole training configuration. See the module docs for the file format.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainConfig {
+    /// The recipe this config started from (provenance; the values below are what runs).
+    #[serde(default)]
+    pub recipe: Option<RecipeName>,
+    /// `[run]`.
+    pub run: RunSection,
+    /// `[model]`.
+    pub model: ModelSection,
+    /// `[lora]`; absent means rank 0.
+    #[serde(default)]
+    pub lora: Option<LoraSection>,
+    /// `[sampling]`.
+    pub sampling: SamplingSection,
+    /// `[rollout]`.
+    pub rollout: RolloutSection,
+    /// `[algorithm]`.
+    pub algorithm: AlgorithmSection,
+    /// `[optimizer]`.
+    pub optimizer: OptimizerSection,
+    /// `[reward]`.
+    pub reward: RewardSection,
+    /// `[checkpoint]`.
+    pub checkpoint: CheckpointSection,
+    /// `[artifacts]`.
+    pub artifacts: ArtifactSection,
+    /// `[eval]`.
+    pub eval: EvalSection,
+    /// `[monitor]`.
+    #[serde(default)]
+    pub monitor: MonitorSection,
+}
+
+impl TrainConfig {
+    /// Parses a config from TOML text. A top-level `recipe = "<name>"` starts from that
+    /// recipe and the text overrides it; the `overrides` apply last (an override of `recipe`
+    /// picks the base recipe). `origin` names the text in errors.
+    ///
+    /// # Errors
+    /// [`TrainerError::ConfigParse`] (invalid TOML, a missing required key, an unknown key, a
+    /// wrong type), [`TrainerError::UnknownRecipe`], [`TrainerError::Override`].
+    pub fn from_toml_str(
+        text: &str,
+        origin: Option<&Path>,
+        overrides: &[Override],
+    ) -> Result<Self, TrainerError> {
+        let origin = origin
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| PathBuf::from("<memory>"));
+        let mut file: toml::Table =
+            toml::from_str(text).map_err(|source| TrainerError::ConfigParse {
+                origin: origin.clone(),
+                source: Box::new(source),
+            })?;
+        check_moved_keys(&origin, &file, overrides)?;
+        let mut recipe = match file.remove("recipe") {
+            None => None,
+            Some(toml::Value::String(name)) => Some(RecipeName::parse(&name)?),
+            Some(other) => {
+                return Err(TrainerError::UnknownRecipe {
+                    given: other.to_string(),
+                    known: RecipeName::ALL.iter().map(|r| r.as_str()).collect(),
+                });
+            }
+        };
+        for o in overrides.iter().filter(|o| o.path == ["recipe"]) {
+            match &o.value {
+                toml::Value::String(name) => recipe = Some(RecipeName::parse(name)?),
+                other => {
+                    return Err(TrainerError::UnknownRecipe {
+                        given: other.to_string(),
+                        known: RecipeName::ALL.iter().map(|r| r.as_str()).collect(),
+                    });
+                }
+            }
+        }
+        let mut table = match recipe {
+            Some(r) => r.config().to_table()?,
+            None => toml::Table::new(),
+        };
+        merge(&mut table, file);
+        for o in overrides.iter().filter(|o| o.path != ["recipe"]) {
+            o.apply(&mut table)?;
+        }
+        match recipe {
+            Some(r) => table.insert("recipe".into(), toml::Value::String(r.as_str().into())),
+            None => table.remove("recipe"),
+        };
+        toml::Value::Table(table)
+            .try_into()
+            .map_err(|source| TrainerError::ConfigParse {
+                origin,
+                source: Box::new(source),
+            })
+    }
+
+    /// Reads a TOML config file (see [`TrainConfig::from_toml_str`]).
+    ///
+    /// # Errors
+    /// [`TrainerError::Io`] and the errors of [`TrainConfig::from_toml_str`].
+    pub fn from_file(path: &Path, overrides: &[Override]) -> Result<Self, TrainerError> {
+        let text = std::fs::read_to_string(path).map_err(io_err(path, "read config"))?;
+        Self::from_toml_str(&text, Some(path), overrides)
+    }
+
+    /// A recipe with overrides applied.
+    ///
+    /// # Errors
+    /// As [`TrainConfig::with_overrides`].
+    pub fn from_recipe(recipe: RecipeName, overrides: &[Override]) -> Result<Self, TrainerError> {
+        recipe.config().with_overrides(overrides)
+    }
+
+    /// This config with `overrides` applied (through the same TOML tree a file goes through,
+    /// so an override is checked exactly like a file key).
+    ///
+    /// # Errors
+    /// [`TrainerError::Override`], [`TrainerError::ConfigParse`].
+    pub fn with_overrides(self, overrides: &[Override]) -> Result<Self, TrainerError> {
+        check_moved_keys(Path::new("<overrides>"), &toml::Table::new(), overrides)?;
+        let mut table = self.to_table()?;
+        for o in overrides {
+            o.apply(&mut table)?;
+        }
+        toml::Value::Table(table)
+            .try_into()
+            .map_err(|source| TrainerError::ConfigParse {
+                origin: PathBuf::from("<overrides>"),
+                source: Box::new(source),
+            })
+    }
+
+    fn to_table(&self) -> Result<toml::Table, TrainerError> {
+        toml::Table::try_from(self).map_err(|source| TrainerError::ConfigSerialize { source })
+    }
+
+    /// The config as TOML text; [`TrainConfig::from_toml_str`] reads it back equal.
+    ///
+    /// # Errors
+    /// [`TrainerError::ConfigSerialize`].
+    pub fn to_toml_string(&self) -> Result<String, TrainerError> {
+        toml::to_string(self).map_err(|source| TrainerError::ConfigSerialize { source })
+    }
+
+    /// Writes the resolved config to `<run_dir>/config.resolved.toml` atomically and returns
+    /// the path.
+    ///
+    /// # Errors
+    /// [`TrainerError::ConfigSerialize`], [`TrainerError::Artifact`].
+    pub fn save_resolved(&self, run_dir: &Path) -> Result<PathBuf, TrainerError> {
+        let path = run_dir.join(RESOLVED_CONFIG_FILE);
+        let text = self.to_toml_string()?;
+        trajectory::write_atomic(&path, text.as_bytes())?;
+        Ok(path)
+    }
+
+    /// The LoRA rank as the seed's flags see it (0 without a `[lora]` section).
+    pub fn lora_rank(&self) -> usize {
+        self.lora.as_ref().map_or(0, |l| l.rank)
+    }
+
+    /// The reward components for the advantage computation: the required ones, then the
+    /// optional ones (weights not listed as required). A required component without a weight
+    /// is left out (preflight reports it).
+    pub fn reward_components(&self) -> Vec<RewardComponent> {
+        let r = &self.reward;
+        let mut out: Vec<RewardComponent> = r
+            .required_components
+            .iter()
+            .filter_map(|name| {
+                r.component_weights
+                    .get(name)
+                    .map(|&w| RewardComponent::required(name, w))
+            })
+            .collect();
+        for (name, &w) in &r.component_weights {
+            if !r.required_components.contains(name) {
+                out.push(RewardComponent::optional(name, w));
+            }
+        }
+        out
+    }
+}
+
+/// Refuses every key of a file or an override that moved ([`MOVED_KEYS`]), naming the new
+/// key of each.
+fn check_moved_keys(
+    origin: &Path,
+    file: &toml::Table,
+    overrides: &[Override],
+) -> Result<(), TrainerError> {
+    let mut used: Vec<String> = Vec::new();
+    if let Some(toml::Value::Table(grpo)) = file.get("grpo") {
+        used.extend(grpo.keys().map(|k| format!("grpo.{k}")));
+        if grpo.is_empty() {
+            used.push("grpo".into());
+        }
+    } else if file.contains_key("grpo") {
+        used.push("grpo".into());
+    }
+    for o in overrides {
+        if o.path.first().map(String::as_str) == Some("grpo") {
+            used.push(o.path.join("."));
+        }
+    }
+    if used.is_empty() {
+        return Ok(());
+    }
+    let moved = used
+        .into_iter()
+        .map(|old| {
+            let new = MOVED_KEYS
+                .iter()
+                .find(|(o, _)| *o == old)
+                .map(|(_, n)| n.to_string())
+                .unwrap_or_else(|| {
+                    "nothing: [grpo] was split into [rollout], [algorithm] and optimizer.clip_grad"
+                        .into()
+                });
+            (old, new)
+        })
+        .collect();
+    Err(TrainerError::MovedKeys {
+        origin: origin.to_path_buf(),
+        moved,
+    })
+}
+
+/// Deep-merges `over` into `base`: tables merge key by key, anything else replaces.
+fn merge(base: &mut toml::Table, over: toml::Table) {
+    for (k, v) in over {
+        match (base.get_mut(&k), v) {
+            (Some(toml::Value::Table(b)), toml::Value::Table(o)) => merge(b, o),
+            (_, v) => {
+                base.insert(k, v);
+            }
+        }
+    }
+}

@@ -1,0 +1,889 @@
+//! Preflight validation: everything that can be checked before a model is loaded, every
+//! problem reported at once, and the typed products the loop runs with.
+
+use std::fmt;
+
+use super::*;
+
+impl TrainConfig {
+    /// Preflight validation (seed 002, "Preflight validation"): checks everything that can be
+    /// checked before any model is loaded and reports **every** violation at once, each naming
+    /// the value given and what is allowed. On success returns the typed products the loop
+    /// runs with, and the warnings.
+    ///
+    /// Errors: unknown task; trainable mode vs LoRA rank; LoRA dropout != 0 and other invalid
+    /// LoRA settings; a trained SDE step 0 under Flow-SDE on any route (through the schedule
+    /// crate's validation) and every other trained-step problem; guidance scale != 1 (the
+    /// replay is a single positive-conditioned forward); a non-positive eta; required reward
+    /// components without weights, or no required component; a group size below 2; a rollout
+    /// batch (`prompts x group`) not divisible by `num_updates_per_batch`, or an update chunk
+    /// not divisible by `micro_batch_size`; clip ranges, `clip_grad`, the learning-rate
+    /// schedule and AdamW's hyperparameters out of range; a nonzero KL coefficient (not
+    /// supported yet); zero save interval or `max_to_keep`.
+    ///
+    /// Warnings: `num_updates_per_batch = 1` (the loss is 0 by construction); LoRA without fp32
+    /// masters; decay settings set under the constant scheduler; unbounded artifact retention;
+    /// a trainable last step; evaluation switched off.
+    ///
+    /// # Errors
+    /// [`TrainerError::Preflight`] with every problem.
+    pub fn preflight(&self) -> Result<Preflight, TrainerError> {
+        let mut p: Vec<PreflightProblem> = Vec::new();
+        let mut warnings: Vec<PreflightWarning> = Vec::new();
+
+        // task
+        if !GENERATION_TASKS.contains(&self.run.task.as_str()) {
+            p.push(PreflightProblem::UnknownTask {
+                given: self.run.task.clone(),
+            });
+        }
+
+        // trainable mode, LoRA
+        let trainable = self.check_trainable(&mut p, &mut warnings);
+
+        if self.run.host_threads == Some(0) {
+            p.push(PreflightProblem::OutOfRange {
+                key: "run.host_threads",
+                given: "0".into(),
+                allowed: "at least 1, or unset for the machine's cores",
+            });
+        }
+
+        // sampling
+        let s = &self.sampling;
+        if s.guidance_scale != 1.0 {
+            p.push(PreflightProblem::GuidanceWithSingleForwardReplay {
+                given: s.guidance_scale,
+            });
+        }
+        if !(s.eta.is_finite() && s.eta > 0.0) {
+            p.push(PreflightProblem::OutOfRange {
+                key: "sampling.eta",
+                given: s.eta.to_string(),
+                allowed: "a finite value > 0 (the trained steps need a stochastic transition)",
+            });
+        }
+        let sde = s.sde_type.sde_type();
+        let mut schedule_and_plan = None;
+        match s
+            .scheduler
+            .policy()
+            .and_then(|policy| policy.sample_sigmas(s.height, s.width, s.num_inference_steps))
+        {
+            Err(e) => p.push(PreflightProblem::Schedule { source: e }),
+            Ok(schedule) => match self.sampling.trained_steps().build(sde, &schedule.sigmas) {
+                Ok((plan, report)) => {
+                    warnings.extend(
+                        report
+                            .warnings
+                            .into_iter()
+                            .map(PreflightWarning::TrainedSteps),
+                    );
+                    schedule_and_plan = Some((schedule, plan));
+                }
+                Err(ScheduleError::InvalidPlan { problems }) => {
+                    p.extend(problems.into_iter().map(PreflightProblem::TrainedSteps));
+                }
+                Err(e) => p.push(PreflightProblem::Schedule { source: e }),
+            },
+        }
+
+        // reward
+        let r = &self.reward;
+        if r.required_components.is_empty() {
+            p.push(PreflightProblem::NoRequiredRewardComponent);
+        }
+        for name in &r.required_components {
+            if !r.component_weights.contains_key(name) {
+                p.push(PreflightProblem::RequiredComponentWithoutWeight {
+                    component: name.clone(),
+                });
+            }
+        }
+        for (name, &weight) in &r.component_weights {
+            if !weight.is_finite() {
+                p.push(PreflightProblem::RewardWeight {
+                    component: name.clone(),
+                    weight,
+                });
+            }
+        }
+        self.check_scorers(&mut p);
+        let AlgorithmSection::FlowGrpo(algo) = &self.algorithm;
+        let std_mode = algo.advantage_std_mode.std_mode();
+        let advantages = if p.iter().any(PreflightProblem::is_reward) {
+            None
+        } else {
+            match AdvantageConfig::flow_grpo(std_mode, self.reward_components()) {
+                Ok(a) => Some(a),
+                Err(source) => {
+                    p.push(PreflightProblem::Advantages { source });
+                    None
+                }
+            }
+        };
+
+        // group geometry
+        let batch = self.check_batch(&mut p, &mut warnings);
+
+        // objective
+        let clip_range = check_clip_range(algo, &mut p);
+        if algo.kl_coef != 0.0 {
+            p.push(PreflightProblem::KlNotSupported {
+                given: algo.kl_coef,
+            });
+        }
+
+        // optimizer
+        let o = &self.optimizer;
+        if !(o.clip_grad.is_finite() && o.clip_grad > 0.0) {
+            p.push(PreflightProblem::OutOfRange {
+                key: "optimizer.clip_grad",
+                given: o.clip_grad.to_string(),
+                allowed: "a finite value > 0 (the global-norm bound)",
+            });
+        }
+        let decay = LrSchedule::check(
+            o.lr,
+            o.lr_warmup_iters,
+            o.lr_scheduler,
+            o.min_lr,
+            o.lr_decay_iters,
+            &mut p,
+        );
+        if o.lr_scheduler == LrSchedulerKind::Constant
+            && (o.min_lr != 0.0 || o.lr_decay_iters.is_some())
+        {
+            warnings.push(PreflightWarning::DecaySettingsIgnored {
+                min_lr: o.min_lr,
+                lr_decay_iters: o.lr_decay_iters,
+            });
+        }
+        let adamw = self.check_adamw(&mut p);
+
+        // checkpoints, artifacts, eval
+        if self.checkpoint.save_interval == 0 {
+            p.push(PreflightProblem::OutOfRange {
+                key: "checkpoint.save_interval",
+                given: "0".into(),
+                allowed: "an integer >= 1 (rollouts between checkpoints)",
+            });
+        }
+        if self.checkpoint.max_to_keep == Some(0) {
+            p.push(PreflightProblem::OutOfRange {
+                key: "checkpoint.max_to_keep",
+                given: "0".into(),
+                allowed: "an integer >= 1, or absent to keep every checkpoint",
+            });
+        }
+        if self.artifacts.retention_rollouts <= 0 {
+            warnings.push(PreflightWarning::UnboundedArtifacts {
+                retention_rollouts: self.artifacts.retention_rollouts,
+            });
+        }
+        if self.eval.interval == 0 {
+            warnings.push(PreflightWarning::EvaluationOff);
+        } else if self.eval.samples_per_prompt == 0 {
+            p.push(PreflightProblem::OutOfRange {
+                key: "eval.samples_per_prompt",
+                given: "0".into(),
+                allowed: "an integer >= 1 when eval.interval > 0",
+            });
+        }
+        if self.run.num_rollouts == 0 {
+            p.push(PreflightProblem::OutOfRange {
+                key: "run.num_rollouts",
+                given: "0".into(),
+                allowed: "an integer >= 1",
+            });
+        }
+
+        match (
+            p.is_empty(),
+            trainable,
+            schedule_and_plan,
+            batch,
+            clip_range,
+            advantages,
+            decay,
+            adamw,
+        ) {
+            (
+                true,
+                Some(trainable),
+                Some((schedule, plan)),
+                Some((batch, update_plan)),
+                Some(clip_range),
+                Some(advantages),
+                Some(_),
+                Some(adamw),
+            ) => Ok(Preflight {
+                warnings,
+                trainable,
+                schedule,
+                plan,
+                sde,
+                batch,
+                update_plan,
+                algorithm: AlgorithmPlan::FlowGrpo { clip_range },
+                advantages,
+                lr: LrSchedule::new(
+                    o.lr,
+                    o.lr_warmup_iters,
+                    o.lr_scheduler,
+                    o.min_lr,
+                    o.lr_decay_iters,
+                )?,
+                adamw,
+            }),
+            _ => {
+                debug_assert!(!p.is_empty(), "a failed check reports its problem");
+                Err(TrainerError::Preflight { problems: p })
+            }
+        }
+    }
+
+    fn check_trainable(
+        &self,
+        p: &mut Vec<PreflightProblem>,
+        warnings: &mut Vec<PreflightWarning>,
+    ) -> Option<Trainable> {
+        let rank = self.lora_rank();
+        match (self.model.trainable_mode, &self.lora) {
+            (TrainableMode::Full, _) if rank > 0 => {
+                p.push(PreflightProblem::TrainableModeRank {
+                    mode: TrainableMode::Full,
+                    lora_rank: rank,
+                });
+                None
+            }
+            (TrainableMode::Full, _) => Some(Trainable::Full),
+            (TrainableMode::Lora, None)
+            | (TrainableMode::Lora, Some(LoraSection { rank: 0, .. })) => {
+                p.push(PreflightProblem::TrainableModeRank {
+                    mode: TrainableMode::Lora,
+                    lora_rank: 0,
+                });
+                None
+            }
+            (TrainableMode::Lora, Some(l)) => {
+                if self.model.master_dtype != Some(MasterDtype::Fp32) {
+                    warnings.push(PreflightWarning::LoraWithoutFp32Master {
+                        master_dtype: self.model.master_dtype,
+                    });
+                }
+                let mut cfg = LoraConfig::new(l.rank, l.alpha)
+                    .with_dropout(l.dropout)
+                    .with_use_rslora(l.use_rslora);
+                if let Some(t) = &l.target_modules {
+                    cfg = cfg.with_target_modules(t.clone());
+                }
+                match cfg.validate() {
+                    Ok(()) => Some(Trainable::Lora(cfg)),
+                    Err(dit_models::DitError::LoraDropout { given }) => {
+                        p.push(PreflightProblem::LoraDropout { given });
+                        None
+                    }
+                    Err(dit_models::DitError::InvalidLora { problems }) => {
+                        for problem in problems {
+                            if problem.field == "dropout" {
+                                p.push(PreflightProblem::LoraDropout { given: l.dropout });
+                            } else {
+                                p.push(PreflightProblem::Lora { problem });
+                            }
+                        }
+                        None
+                    }
+                    Err(other) => {
+                        p.push(PreflightProblem::Lora {
+                            problem: dit_models::ConfigProblem {
+                                field: "lora",
+                                given: format!("{l:?}"),
+                                allowed: other.to_string(),
+                            },
+                        });
+                        None
+                    }
+                }
+            }
+        }
+    }
+
+    fn check_batch(
+        &self,
+        p: &mut Vec<PreflightProblem>,
+        warnings: &mut Vec<PreflightWarning>,
+    ) -> Option<(BatchGeometry, UpdatePlan)> {
+        let g = &self.rollout;
+        let mut ok = true;
+        for (key, value, allowed) in [
+            (
+                "rollout.prompts_per_rollout",
+                g.prompts_per_rollout,
+                "an integer >= 1",
+            ),
+            (
+                "rollout.group_size",
+                g.group_size,
+                "an integer >= 2 (group-relative advantages of a single candidate are always 0)",
+            ),
+            (
+                "rollout.num_updates_per_batch",
+                g.num_updates_per_batch,
+                "an integer >= 1",
+            ),
+            (
+                "rollout.micro_batch_size",
+                g.micro_batch_size,
+                "an integer >= 1",
+            ),
+        ] {
+            let min = if key == "rollout.group_size" { 2 } else { 1 };
+            if value < min {
+                p.push(PreflightProblem::OutOfRange {
+                    key,
+                    given: value.to_string(),
+                    allowed,
+                });
+                ok = false;
+            }
+        }
+        if !ok {
+            return None;
+        }
+        let global = g.prompts_per_rollout * g.group_size;
+        if !global.is_multiple_of(g.num_updates_per_batch) {
+            p.push(PreflightProblem::UpdatesNotDivisible {
+                prompts_per_rollout: g.prompts_per_rollout,
+                group_size: g.group_size,
+                num_updates_per_batch: g.num_updates_per_batch,
+            });
+            return None;
+        }
+        let chunk = global / g.num_updates_per_batch;
+        if !chunk.is_multiple_of(g.micro_batch_size) {
+            p.push(PreflightProblem::MicroBatchNotDivisible {
+                chunk,
+                micro_batch_size: g.micro_batch_size,
+            });
+            return None;
+        }
+        match plan_updates(global, g.num_updates_per_batch, g.micro_batch_size) {
+            Ok(plan) => {
+                for w in &plan.warnings {
+                    if *w == UpdatePlanWarning::SingleUpdate {
+                        warnings.push(PreflightWarning::SingleUpdatePerBatch);
+                    }
+                }
+                Some((
+                    BatchGeometry {
+                        prompts_per_rollout: g.prompts_per_rollout,
+                        group_size: g.group_size,
+                        global_batch_size: global,
+                        num_updates_per_batch: g.num_updates_per_batch,
+                        update_size: chunk,
+                        micro_batch_size: g.micro_batch_size,
+                    },
+                    plan,
+                ))
+            }
+            Err(source) => {
+                p.push(PreflightProblem::Advantages { source });
+                None
+            }
+        }
+    }
+
+    /// Every required or weighted component must come from a configured scorer, and no two
+    /// scorers may produce the same component.
+    fn check_scorers(&self, p: &mut Vec<PreflightProblem>) {
+        let r = &self.reward;
+        if r.scorers.is_empty() {
+            p.push(PreflightProblem::OutOfRange {
+                key: "reward.scorers",
+                given: "[]".into(),
+                allowed: "at least one scorer (shapes, jpeg_compressibility, jpeg_incompressibility, pickscore)",
+            });
+            return;
+        }
+        let mut produced: BTreeMap<&str, &ScorerSpec> = BTreeMap::new();
+        for spec in &r.scorers {
+            for c in spec.components() {
+                if let Some(first) = produced.insert(c, spec) {
+                    p.push(PreflightProblem::ScorersOverlap {
+                        component: c.to_string(),
+                        first: format!("{first:?}"),
+                        second: format!("{spec:?}"),
+                    });
+                }
+            }
+        }
+        let wanted = r
+            .required_components
+            .iter()
+            .chain(r.component_weights.keys());
+        let mut reported = Vec::new();
+        for name in wanted {
+            if !produced.contains_key(name.as_str()) && !reported.contains(name) {
+                reported.push(name.clone());
+                p.push(PreflightProblem::ComponentWithoutScorer {
+                    component: name.clone(),
+                    scorers: format!("{:?}", r.scorers),
+                });
+            }
+        }
+    }
+
+    fn check_adamw(&self, p: &mut Vec<PreflightProblem>) -> Option<AdamWSettings> {
+        let o = &self.optimizer;
+        let before = p.len();
+        for (key, v) in [
+            ("optimizer.adam_beta1", o.adam_beta1),
+            ("optimizer.adam_beta2", o.adam_beta2),
+        ] {
+            if !(v.is_finite() && (0.0..1.0).contains(&v)) {
+                p.push(PreflightProblem::OutOfRange {
+                    key,
+                    given: v.to_string(),
+                    allowed: "a finite value in [0, 1)",
+                });
+            }
+        }
+        // AdamW keeps its hyperparameters in f32: eps must survive that.
+        if !(o.adam_eps.is_finite() && o.adam_eps > 0.0 && (o.adam_eps as f32) > 0.0) {
+            p.push(PreflightProblem::OutOfRange {
+                key: "optimizer.adam_eps",
+                given: o.adam_eps.to_string(),
+                allowed: "a finite value > 0 representable in f32 (e.g. 1e-8, or 1e-15 for full FT)",
+            });
+        }
+        if !(o.weight_decay.is_finite() && o.weight_decay >= 0.0) {
+            p.push(PreflightProblem::OutOfRange {
+                key: "optimizer.weight_decay",
+                given: o.weight_decay.to_string(),
+                allowed: "a finite value >= 0",
+            });
+        }
+        (p.len() == before).then_some(AdamWSettings {
+            beta1: o.adam_beta1,
+            beta2: o.adam_beta2,
+            eps: o.adam_eps,
+            weight_decay: o.weight_decay,
+        })
+    }
+}
+
+/// FlowGRPO's clip range from its `[algorithm]` keys.
+fn check_clip_range(g: &FlowGrpoSection, p: &mut Vec<PreflightProblem>) -> Option<ClipRange> {
+    let low_ok = g.eps_clip.is_finite() && g.eps_clip > 0.0 && g.eps_clip < 1.0;
+    if !low_ok {
+        p.push(PreflightProblem::OutOfRange {
+            key: "algorithm.eps_clip",
+            given: g.eps_clip.to_string(),
+            allowed: "a finite value in (0, 1) (FlowGRPO uses 1e-4)",
+        });
+    }
+    let high = g.eps_clip_high.unwrap_or(g.eps_clip);
+    if let Some(h) = g.eps_clip_high
+        && !(h.is_finite() && h > 0.0)
+    {
+        p.push(PreflightProblem::OutOfRange {
+            key: "algorithm.eps_clip_high",
+            given: h.to_string(),
+            allowed: "a finite value > 0, or absent for a symmetric clip",
+        });
+        return None;
+    }
+    if !low_ok {
+        return None;
+    }
+    ClipRange::asymmetric(g.eps_clip, high).ok()
+}
+
+/// Which parameters train, as validated.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Trainable {
+    /// Every parameter.
+    Full,
+    /// A LoRA adapter with this configuration; the base is frozen.
+    Lora(LoraConfig),
+}
+
+/// The rollout batch and its split into updates and micro-batches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchGeometry {
+    /// Groups per rollout.
+    pub prompts_per_rollout: usize,
+    /// Candidates per group.
+    pub group_size: usize,
+    /// `prompts_per_rollout * group_size` (`--global-batch-size`).
+    pub global_batch_size: usize,
+    /// Disjoint optimizer updates per rollout.
+    pub num_updates_per_batch: usize,
+    /// Samples per update (the optimizer-step boundary).
+    pub update_size: usize,
+    /// Samples per micro-batch.
+    pub micro_batch_size: usize,
+}
+
+/// AdamW's hyperparameters, validated.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdamWSettings {
+    /// `beta1`.
+    pub beta1: f64,
+    /// `beta2`.
+    pub beta2: f64,
+    /// `eps`.
+    pub eps: f64,
+    /// Decoupled weight decay.
+    pub weight_decay: f64,
+}
+
+impl AdamWSettings {
+    /// burn's AdamW configuration (no gradient clipping: the trainer clips by the global norm
+    /// itself).
+    pub fn adamw_config(&self) -> burn::optim::AdamWConfig {
+        burn::optim::AdamWConfig::new()
+            .with_beta_1(self.beta1 as f32)
+            .with_beta_2(self.beta2 as f32)
+            .with_epsilon(self.eps as f32)
+            .with_weight_decay(self.weight_decay as f32)
+    }
+}
+
+/// The algorithm of `[algorithm]`, validated.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AlgorithmPlan {
+    /// FlowGRPO with its clip range.
+    FlowGrpo {
+        /// The PPO clip range.
+        clip_range: ClipRange,
+    },
+}
+
+/// What a successful preflight hands to the training loop.
+#[derive(Debug, Clone)]
+pub struct Preflight {
+    /// Legal but suspicious settings, to log loudly.
+    pub warnings: Vec<PreflightWarning>,
+    /// Full or LoRA (with its validated configuration).
+    pub trainable: Trainable,
+    /// The sigma schedule of `sampling` (height, width, steps).
+    pub schedule: Schedule,
+    /// The resolved plan of trained SDE steps.
+    pub plan: ConfiguredPlan,
+    /// The SDE of the trained steps.
+    pub sde: SdeType,
+    /// Batch geometry.
+    pub batch: BatchGeometry,
+    /// The update plan of one rollout batch.
+    pub update_plan: UpdatePlan,
+    /// The validated algorithm.
+    pub algorithm: AlgorithmPlan,
+    /// The advantage configuration (flow-grpo's reference conventions with this config's std
+    /// mode and components).
+    pub advantages: AdvantageConfig,
+    /// The learning-rate schedule.
+    pub lr: LrSchedule,
+    /// AdamW's hyperparameters.
+    pub adamw: AdamWSettings,
+}
+
+/// One preflight violation, naming the value given and what is allowed.
+#[derive(Debug)]
+pub enum PreflightProblem {
+    /// `run.task` is not a known generation task.
+    UnknownTask {
+        /// The task given.
+        given: String,
+    },
+    /// `model.trainable_mode` and `lora.rank` disagree.
+    TrainableModeRank {
+        /// The mode given.
+        mode: TrainableMode,
+        /// The LoRA rank given (0 without a `[lora]` section).
+        lora_rank: usize,
+    },
+    /// LoRA dropout is not 0.
+    LoraDropout {
+        /// The dropout given.
+        given: f64,
+    },
+    /// Another invalid LoRA setting.
+    Lora {
+        /// dit-models' description of it.
+        problem: dit_models::ConfigProblem,
+    },
+    /// `guidance_scale != 1` while the replay is a single positive-conditioned forward.
+    GuidanceWithSingleForwardReplay {
+        /// The guidance scale given.
+        given: f64,
+    },
+    /// The schedule cannot be built (scheduler config, geometry, step count).
+    Schedule {
+        /// The schedule crate's error.
+        source: ScheduleError,
+    },
+    /// A problem of the trained SDE steps (e.g. a trainable step 0 under Flow-SDE).
+    TrainedSteps(PlanProblem),
+    /// No required reward component.
+    NoRequiredRewardComponent,
+    /// A required reward component has no weight.
+    RequiredComponentWithoutWeight {
+        /// The component.
+        component: String,
+    },
+    /// A reward weight is not finite.
+    RewardWeight {
+        /// The component.
+        component: String,
+        /// The weight.
+        weight: f64,
+    },
+    /// flow-grpo rejected the advantage configuration or the update plan.
+    Advantages {
+        /// flow-grpo's error.
+        source: flow_grpo::FlowGrpoError,
+    },
+    /// `prompts_per_rollout * group_size` is not divisible by `num_updates_per_batch`.
+    UpdatesNotDivisible {
+        /// Prompts per rollout.
+        prompts_per_rollout: usize,
+        /// Group size.
+        group_size: usize,
+        /// Updates per batch.
+        num_updates_per_batch: usize,
+    },
+    /// The update chunk is not divisible by `micro_batch_size`.
+    MicroBatchNotDivisible {
+        /// Samples per update.
+        chunk: usize,
+        /// The micro-batch size.
+        micro_batch_size: usize,
+    },
+    /// Two scorers produce the same component.
+    ScorersOverlap {
+        /// The component.
+        component: String,
+        /// The first scorer producing it.
+        first: String,
+        /// The second.
+        second: String,
+    },
+    /// A required or weighted component no configured scorer produces.
+    ComponentWithoutScorer {
+        /// The component.
+        component: String,
+        /// The configured scorers.
+        scorers: String,
+    },
+    /// A nonzero KL coefficient.
+    KlNotSupported {
+        /// The coefficient given.
+        given: f64,
+    },
+    /// A decaying learning-rate shape without `lr_decay_iters`.
+    DecayItersMissing {
+        /// The scheduler.
+        scheduler: LrSchedulerKind,
+    },
+    /// `lr_decay_iters <= lr_warmup_iters` under a decaying shape.
+    DecayWithinWarmup {
+        /// The scheduler.
+        scheduler: LrSchedulerKind,
+        /// `lr_decay_iters`.
+        decay_iters: u64,
+        /// `lr_warmup_iters`.
+        warmup_iters: u64,
+    },
+    /// A value outside its allowed range.
+    OutOfRange {
+        /// The dotted key.
+        key: &'static str,
+        /// The value given.
+        given: String,
+        /// What is allowed.
+        allowed: &'static str,
+    },
+}
+
+impl PreflightProblem {
+    fn is_reward(&self) -> bool {
+        matches!(
+            self,
+            PreflightProblem::NoRequiredRewardComponent
+                | PreflightProblem::RequiredComponentWithoutWeight { .. }
+                | PreflightProblem::RewardWeight { .. }
+                | PreflightProblem::ScorersOverlap { .. }
+                | PreflightProblem::ComponentWithoutScorer { .. }
+        )
+    }
+}
+
+impl fmt::Display for PreflightProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PreflightProblem::UnknownTask { given } => write!(
+                f,
+                "run.task = {given:?}; allowed: {GENERATION_TASKS:?} (a task needs a working rollout and replay path)"
+            ),
+            PreflightProblem::TrainableModeRank { mode, lora_rank } => match mode {
+                TrainableMode::Full => write!(
+                    f,
+                    "model.trainable_mode = \"full\" with lora.rank = {lora_rank}; full fine-tuning requires rank 0 \
+                     (remove [lora] or set model.trainable_mode = \"lora\")"
+                ),
+                TrainableMode::Lora => write!(
+                    f,
+                    "model.trainable_mode = \"lora\" with lora.rank = {lora_rank}; LoRA requires a [lora] section with rank > 0"
+                ),
+            },
+            PreflightProblem::LoraDropout { given } => write!(
+                f,
+                "lora.dropout = {given}; allowed: 0 (the pi_old anchor is a replay through the live model, so a stochastic \
+                 forward breaks ratio == 1 of the first update and at eps_clip 1e-4 clips essentially everything)"
+            ),
+            PreflightProblem::Lora { problem } => write!(
+                f,
+                "lora.{} = {}; allowed: {}",
+                problem.field, problem.given, problem.allowed
+            ),
+            PreflightProblem::GuidanceWithSingleForwardReplay { given } => write!(
+                f,
+                "sampling.guidance_scale = {given}; allowed: 1.0 (the replay is a single positive-conditioned forward, so a \
+                 CFG rollout would train against a policy it never sampled from; two-forward CFG replay is not implemented)"
+            ),
+            PreflightProblem::Schedule { source } => write!(f, "sampling: {source}"),
+            PreflightProblem::TrainedSteps(problem) => write!(f, "sampling: {problem}"),
+            PreflightProblem::NoRequiredRewardComponent => write!(
+                f,
+                "reward.required_components = []; allowed: at least one component (a sample scored by nothing would train on 0)"
+            ),
+            PreflightProblem::RequiredComponentWithoutWeight { component } => write!(
+                f,
+                "reward.required_components lists {component:?} but reward.component_weights has no weight for it"
+            ),
+            PreflightProblem::RewardWeight { component, weight } => write!(
+                f,
+                "reward.component_weights.{component} = {weight}; allowed: a finite value"
+            ),
+            PreflightProblem::Advantages { source } => write!(f, "{source}"),
+            PreflightProblem::UpdatesNotDivisible {
+                prompts_per_rollout,
+                group_size,
+                num_updates_per_batch,
+            } => write!(
+                f,
+                "rollout.num_updates_per_batch = {num_updates_per_batch} does not divide the rollout batch of \
+                 {prompts_per_rollout} prompts x {group_size} candidates = {}; every sample must fall in exactly one \
+                 of {num_updates_per_batch} equal updates",
+                prompts_per_rollout * group_size
+            ),
+            PreflightProblem::MicroBatchNotDivisible {
+                chunk,
+                micro_batch_size,
+            } => write!(
+                f,
+                "rollout.micro_batch_size = {micro_batch_size} does not divide the update of {chunk} samples; allowed: a \
+                 divisor of {chunk} (unequal micro-batches would reweight the mean)"
+            ),
+            PreflightProblem::ScorersOverlap {
+                component,
+                first,
+                second,
+            } => write!(
+                f,
+                "reward.scorers: {first} and {second} both produce component {component:?}; allowed: one scorer per component"
+            ),
+            PreflightProblem::ComponentWithoutScorer { component, scorers } => write!(
+                f,
+                "reward component {component:?} is required or weighted, but no scorer of reward.scorers = {scorers} produces it"
+            ),
+            PreflightProblem::KlNotSupported { given } => write!(
+                f,
+                "algorithm.kl_coef = {given}; allowed: 0 (KL to a reference policy is not supported yet: there is no reference \
+                 model in this loop, and a nonzero coefficient is rejected rather than silently ignored)"
+            ),
+            PreflightProblem::DecayItersMissing { scheduler } => write!(
+                f,
+                "optimizer.lr_scheduler = {scheduler:?} needs optimizer.lr_decay_iters (the step at which the rate reaches min_lr)"
+            ),
+            PreflightProblem::DecayWithinWarmup {
+                scheduler,
+                decay_iters,
+                warmup_iters,
+            } => write!(
+                f,
+                "optimizer.lr_decay_iters = {decay_iters} under {scheduler:?}; allowed: > lr_warmup_iters = {warmup_iters} \
+                 (both count optimizer steps from 0)"
+            ),
+            PreflightProblem::OutOfRange {
+                key,
+                given,
+                allowed,
+            } => write!(f, "{key} = {given}; allowed: {allowed}"),
+        }
+    }
+}
+
+/// Something legal but suspicious, reported without failing the preflight.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PreflightWarning {
+    /// `num_updates_per_batch = 1`: the ratio is always exactly 1.
+    SingleUpdatePerBatch,
+    /// LoRA without fp32 master weights.
+    LoraWithoutFp32Master {
+        /// The master dtype given.
+        master_dtype: Option<MasterDtype>,
+    },
+    /// `min_lr` or `lr_decay_iters` set while the scheduler is constant.
+    DecaySettingsIgnored {
+        /// `min_lr`.
+        min_lr: f64,
+        /// `lr_decay_iters`.
+        lr_decay_iters: Option<u64>,
+    },
+    /// `artifacts.retention_rollouts <= 0` keeps every rollout.
+    UnboundedArtifacts {
+        /// The value given.
+        retention_rollouts: i64,
+    },
+    /// A schedule-crate warning about the trained steps (a trainable last step).
+    TrainedSteps(PlanWarning),
+    /// `eval.interval = 0`.
+    EvaluationOff,
+}
+
+impl fmt::Display for PreflightWarning {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PreflightWarning::SingleUpdatePerBatch => write!(
+                f,
+                "rollout.num_updates_per_batch = 1: {}",
+                UpdatePlanWarning::SingleUpdate
+            ),
+            PreflightWarning::LoraWithoutFp32Master { master_dtype } => write!(
+                f,
+                "model.master_dtype = {master_dtype:?} under LoRA; set \"fp32\": with bf16 masters the ~1e-4 relative RL \
+                 updates round off, grad norm and loss stay healthy while the policy stops moving"
+            ),
+            PreflightWarning::DecaySettingsIgnored {
+                min_lr,
+                lr_decay_iters,
+            } => write!(
+                f,
+                "optimizer.min_lr = {min_lr} / lr_decay_iters = {lr_decay_iters:?} are ignored under lr_scheduler = \
+                 \"constant\""
+            ),
+            PreflightWarning::UnboundedArtifacts { retention_rollouts } => write!(
+                f,
+                "artifacts.retention_rollouts = {retention_rollouts} keeps every rollout's sidecars and images; the \
+                 artifact root grows without bound"
+            ),
+            PreflightWarning::TrainedSteps(w) => write!(f, "sampling: {w}"),
+            PreflightWarning::EvaluationOff => {
+                write!(f, "eval.interval = 0: no held-out evaluation will run")
+            }
+        }
+    }
+}

@@ -1,0 +1,382 @@
+use super::*;
+
+fn flow_grpo(c: &TrainConfig) -> &FlowGrpoSection {
+    let AlgorithmSection::FlowGrpo(a) = &c.algorithm;
+    a
+}
+
+fn flow_grpo_mut(c: &mut TrainConfig) -> &mut FlowGrpoSection {
+    let AlgorithmSection::FlowGrpo(a) = &mut c.algorithm;
+    a
+}
+
+fn problems(cfg: &TrainConfig) -> Vec<String> {
+    match cfg.preflight() {
+        Ok(_) => Vec::new(),
+        Err(TrainerError::Preflight { problems }) => {
+            problems.iter().map(ToString::to_string).collect()
+        }
+        Err(other) => panic!("unexpected error {other}"),
+    }
+}
+
+#[test]
+fn the_recipes_pass_preflight_without_warnings() {
+    for r in RecipeName::ALL {
+        let p = r
+            .config()
+            .preflight()
+            .unwrap_or_else(|e| panic!("{r:?}: {e}"));
+        assert!(p.warnings.is_empty(), "{r:?}: {:?}", p.warnings);
+    }
+    let p = TrainConfig::qwen_image_t2i_lora().preflight().unwrap();
+    assert_eq!(p.batch.global_batch_size, 256);
+    assert_eq!(p.batch.update_size, 128);
+    assert_eq!(p.update_plan.updates.len(), 2);
+    assert_eq!(p.update_plan.updates[1].micro_batches.len(), 128);
+    let Trainable::Lora(lora) = &p.trainable else {
+        panic!("LoRA recipe");
+    };
+    assert_eq!((lora.rank, lora.alpha, lora.dropout), (64, 128.0, 0.0));
+    assert_eq!(lora.target_modules.len(), 8);
+    let AlgorithmPlan::FlowGrpo { clip_range } = &p.algorithm;
+    assert_eq!(clip_range.low(), 1e-4);
+    assert_eq!(p.lr.lr_at_step(0), 3e-4);
+    assert_eq!(p.advantages.std_mode, StdMode::Group);
+    use schedule::{PlanQuery, SdeStepPlan};
+    assert_eq!(
+        p.plan.steps(PlanQuery::evaluation()).unwrap().as_slice(),
+        &[3, 4, 5]
+    );
+    let full = TrainConfig::qwen_image_t2i_full().preflight().unwrap();
+    assert_eq!(full.trainable, Trainable::Full);
+    assert_eq!(full.batch.global_batch_size, 64);
+    assert_eq!(full.lr.lr_at_step(0), 3e-5 / 20.0);
+}
+
+#[test]
+fn host_threads_default_to_the_cores_and_zero_is_rejected() {
+    let mut c = TrainConfig::shapes_world_lora();
+    assert_eq!(c.run.host_threads, None);
+    assert!(c.run.threads() >= 1);
+    c.run.host_threads = Some(3);
+    assert_eq!(c.run.threads(), 3);
+    assert!(c.preflight().is_ok());
+    c.run.host_threads = Some(0);
+    let text = problems(&c);
+    assert_eq!(text.len(), 1, "{text:?}");
+    assert!(text[0].contains("run.host_threads"), "{text:?}");
+}
+
+#[test]
+fn a_bad_config_reports_every_violation_at_once() {
+    let mut c = TrainConfig::qwen_image_t2i_lora();
+    c.run.task = "i2v".into();
+    c.model.trainable_mode = TrainableMode::Full; // with rank 64
+    c.sampling.guidance_scale = 4.5;
+    c.sampling.sde_pool = Some(vec![0, 1, 2, 3]);
+    c.reward.required_components.push("aesthetic".into());
+    c.rollout.prompts_per_rollout = 3;
+    c.rollout.group_size = 3;
+    c.rollout.num_updates_per_batch = 2;
+    flow_grpo_mut(&mut c).kl_coef = 0.04;
+    c.optimizer.lr_scheduler = LrSchedulerKind::Cosine;
+    let text = problems(&c);
+    let expect = [
+        "run.task = \"i2v\"",
+        "trainable_mode = \"full\" with lora.rank = 64",
+        "guidance_scale = 4.5",
+        "step(s) [0]",
+        "\"aesthetic\" but reward.component_weights has no weight",
+        "component \"aesthetic\" is required or weighted, but no scorer",
+        "rollout.num_updates_per_batch = 2 does not divide the rollout batch of 3 prompts x 3 candidates = 9",
+        "algorithm.kl_coef = 0.04",
+        "needs optimizer.lr_decay_iters",
+    ];
+    assert_eq!(text.len(), expect.len(), "{text:#?}");
+    for (t, e) in text.iter().zip(expect) {
+        assert!(t.contains(e), "{t:?} should contain {e:?}");
+    }
+    // the error's own message lists them all too
+    let msg = c.preflight().unwrap_err().to_string();
+    assert!(msg.contains("9 problem(s)"), "{msg}");
+}
+
+#[test]
+fn lora_specific_problems() {
+    let mut c = TrainConfig::qwen_image_t2i_lora();
+    let l = c.lora.as_mut().unwrap();
+    l.dropout = 0.1;
+    l.alpha = 0.0;
+    l.target_modules = Some(vec![]);
+    let text = problems(&c);
+    assert_eq!(text.len(), 3, "{text:#?}");
+    assert!(text.iter().any(|t| t.contains("lora.alpha = 0")));
+    assert!(text.iter().any(|t| t.contains("lora.target_modules = []")));
+    assert!(text.iter().any(|t| t.starts_with("lora.dropout = 0.1")));
+
+    // dropout alone
+    let mut c = TrainConfig::qwen_image_t2i_lora();
+    c.lora.as_mut().unwrap().dropout = 0.05;
+    assert_eq!(problems(&c).len(), 1);
+
+    // lora mode without a rank
+    let mut c = TrainConfig::qwen_image_t2i_lora();
+    c.lora = None;
+    let text = problems(&c);
+    assert_eq!(text.len(), 1);
+    assert!(text[0].contains("trainable_mode = \"lora\" with lora.rank = 0"));
+}
+
+#[test]
+fn micro_batch_and_ranges() {
+    let mut c = TrainConfig::qwen_image_t2i_lora();
+    c.rollout.micro_batch_size = 3; // 128 % 3 != 0
+    flow_grpo_mut(&mut c).eps_clip = 0.0;
+    c.optimizer.clip_grad = f64::NAN;
+    c.optimizer.adam_beta2 = 1.0;
+    c.optimizer.adam_eps = 1e-50; // 0 in f32
+    c.sampling.eta = 0.0;
+    c.checkpoint.save_interval = 0;
+    c.reward
+        .component_weights
+        .insert("extra".into(), f64::INFINITY);
+    let text = problems(&c);
+    let expect = [
+        "sampling.eta = 0",
+        "reward.component_weights.extra = inf",
+        "component \"extra\" is required or weighted, but no scorer",
+        "rollout.micro_batch_size = 3 does not divide the update of 128 samples",
+        "algorithm.eps_clip = 0",
+        "optimizer.clip_grad = NaN",
+        "optimizer.adam_beta2 = 1",
+        "optimizer.adam_eps = 0.00000000000000000000000000000000000000000000000001",
+        "checkpoint.save_interval = 0",
+    ];
+    assert_eq!(text.len(), expect.len(), "{text:#?}");
+    for (t, e) in text.iter().zip(expect) {
+        assert!(t.contains(e), "{t:?} should contain {e:?}");
+    }
+}
+
+#[test]
+fn warnings_are_reported_without_failing() {
+    let mut c = TrainConfig::qwen_image_t2i_lora();
+    c.rollout.num_updates_per_batch = 1;
+    c.model.master_dtype = None;
+    c.optimizer.min_lr = 1e-5;
+    c.artifacts.retention_rollouts = 0;
+    c.eval.interval = 0;
+    c.sampling.sde_pool = Some(vec![1, 2, 3, 11]); // 11 is the last of 12 steps
+    let p = c.preflight().unwrap();
+    let w: Vec<String> = p.warnings.iter().map(ToString::to_string).collect();
+    assert_eq!(p.warnings.len(), 6, "{w:#?}");
+    assert!(p.warnings.contains(&PreflightWarning::SingleUpdatePerBatch));
+    assert!(
+        w.iter()
+            .any(|s| s.contains("clipped loss is 0 by construction"))
+    );
+    assert!(
+        p.warnings
+            .contains(&PreflightWarning::LoraWithoutFp32Master { master_dtype: None })
+    );
+    assert!(w.iter().any(|s| s.contains("last step 11")), "{w:#?}");
+}
+
+#[test]
+fn toml_round_trip_and_overrides() {
+    let c = TrainConfig::qwen_image_t2i_lora();
+    let text = c.to_toml_string().unwrap();
+    let back = TrainConfig::from_toml_str(&text, None, &[]).unwrap();
+    assert_eq!(back, c);
+
+    let o = Override::parse_all(&[
+        "algorithm.eps_clip=2e-4",
+        "sampling.sde_indices=[1, 3, 5]",
+        "checkpoint.dir=runs/elsewhere",
+        "lora.target_modules=[\"attn.to_q\"]",
+    ])
+    .unwrap();
+    let c2 = TrainConfig::from_toml_str("recipe = \"qwen_image_t2i_lora\"", None, &o).unwrap();
+    assert_eq!(flow_grpo(&c2).eps_clip, 2e-4);
+    assert_eq!(c2.sampling.sde_indices, Some(vec![1, 3, 5]));
+    assert_eq!(c2.checkpoint.dir, PathBuf::from("runs/elsewhere"));
+    assert_eq!(
+        c2.lora.as_ref().unwrap().target_modules,
+        Some(vec!["attn.to_q".to_string()])
+    );
+    assert!(c2.preflight().is_ok());
+
+    // an override of the recipe picks the base; the file and other overrides apply on top
+    let o = Override::parse_all(&["recipe=qwen_image_t2i_full", "rollout.group_size=4"]).unwrap();
+    let c3 = TrainConfig::from_toml_str(
+        "recipe = \"qwen_image_t2i_lora\"\n[optimizer]\nlr = 1e-5\n",
+        None,
+        &o,
+    )
+    .unwrap();
+    assert_eq!(c3.recipe, Some(RecipeName::QwenImageT2iFull));
+    assert_eq!(c3.rollout.prompts_per_rollout, 8);
+    assert_eq!(c3.rollout.group_size, 4);
+    assert_eq!(c3.optimizer.lr, 1e-5);
+    assert_eq!(c3.lora, None);
+}
+
+#[test]
+fn no_silent_defaults_and_no_unknown_keys() {
+    let c = TrainConfig::qwen_image_t2i_lora();
+    let mut table = toml::Table::try_from(&c).unwrap();
+    table.remove("recipe");
+    table["algorithm"]
+        .as_table_mut()
+        .unwrap()
+        .remove("eps_clip");
+    let text = toml::to_string(&table).unwrap();
+    let err = TrainConfig::from_toml_str(&text, None, &[]).unwrap_err();
+    let msg = format!("{err}: {}", std::error::Error::source(&err).unwrap());
+    assert!(msg.contains("eps_clip"), "{msg}");
+
+    let err = TrainConfig::from_toml_str(
+        "recipe = \"qwen_image_t2i_lora\"\n[algorithm]\nepsclip = 0.1\n",
+        Some(Path::new("my.toml")),
+        &[],
+    )
+    .unwrap_err();
+    let msg = format!("{err}: {}", std::error::Error::source(&err).unwrap());
+    assert!(msg.contains("my.toml") && msg.contains("epsclip"), "{msg}");
+
+    let err = TrainConfig::from_toml_str("recipe = \"sd3\"", None, &[]).unwrap_err();
+    assert!(err.to_string().contains("qwen_image_t2i_lora"), "{err}");
+
+    let err = TrainConfig::qwen_image_t2i_lora()
+        .with_overrides(&[Override::parse("algorithm.eps_clip.x=1").unwrap()])
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("algorithm.eps_clip is a value"),
+        "{err}"
+    );
+
+    // an unknown algorithm kind names the known ones
+    let err = TrainConfig::qwen_image_t2i_lora()
+        .with_overrides(&[Override::parse("algorithm.kind=awm").unwrap()])
+        .unwrap_err();
+    let msg = format!("{err}: {}", std::error::Error::source(&err).unwrap());
+    assert!(msg.contains("awm") && msg.contains("flow_grpo"), "{msg}");
+}
+
+#[test]
+fn keys_of_the_former_grpo_section_name_their_new_place() {
+    let err = TrainConfig::from_toml_str(
+        "recipe = \"shapes_world_lora\"\n[grpo]\ngroup_size = 4\nclip_grad = 0.5\n",
+        Some(Path::new("old.toml")),
+        &[Override::parse("grpo.eps_clip=2e-4").unwrap()],
+    )
+    .unwrap_err();
+    let TrainerError::MovedKeys { origin, moved } = &err else {
+        panic!("{err}");
+    };
+    assert_eq!(origin, Path::new("old.toml"));
+    let pairs: Vec<(&str, &str)> = moved
+        .iter()
+        .map(|(a, b)| (a.as_str(), b.as_str()))
+        .collect();
+    assert_eq!(pairs[0], ("grpo.clip_grad", "optimizer.clip_grad"));
+    assert_eq!(pairs[1], ("grpo.group_size", "rollout.group_size"));
+    assert!(pairs[2].0 == "grpo.eps_clip" && pairs[2].1.starts_with("algorithm.eps_clip"));
+    let msg = err.to_string();
+    assert!(
+        msg.contains("grpo.group_size is now rollout.group_size"),
+        "{msg}"
+    );
+
+    // an override alone, on a recipe
+    let err = TrainConfig::shapes_world_lora()
+        .with_overrides(&[Override::parse("grpo.micro_batch_size=8").unwrap()])
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("grpo.micro_batch_size is now rollout.micro_batch_size"),
+        "{err}"
+    );
+    // every moved key has a home that parses
+    for (_, new) in MOVED_KEYS {
+        let key = new.split(' ').next().unwrap();
+        let (section, field) = key.split_once('.').unwrap();
+        let table = toml::Table::try_from(TrainConfig::qwen_image_t2i_lora()).unwrap();
+        assert!(
+            table[section].as_table().unwrap().contains_key(field) || field == "eps_clip_high",
+            "{key}"
+        );
+    }
+}
+
+#[test]
+fn scorers_must_produce_the_configured_components() {
+    let mut c = TrainConfig::shapes_world_lora();
+    c.reward.scorers = vec![ScorerSpec::JpegCompressibility];
+    let text = problems(&c);
+    assert_eq!(text.len(), 1, "{text:#?}");
+    assert!(text[0].contains("component \"shapes\""), "{text:#?}");
+
+    let mut c = TrainConfig::shapes_world_lora();
+    c.reward.scorers = vec![ScorerSpec::Shapes, ScorerSpec::Shapes];
+    let text = problems(&c);
+    assert_eq!(text.len(), 1, "{text:#?}");
+    assert!(
+        text[0].contains("both produce component \"shapes\""),
+        "{text:#?}"
+    );
+
+    let mut c = TrainConfig::shapes_world_lora();
+    c.reward.scorers.clear();
+    assert!(problems(&c)[0].contains("reward.scorers = []"));
+
+    // an optional component from a second scorer is fine
+    let mut c = TrainConfig::shapes_world_lora();
+    c.reward.scorers.push(ScorerSpec::JpegIncompressibility);
+    c.reward
+        .component_weights
+        .insert("jpeg_incompressibility".into(), 0.1);
+    assert!(problems(&c).is_empty());
+}
+
+#[test]
+fn the_shapes_recipe_is_the_lora_recipe_scaled() {
+    let (a, b) = (
+        TrainConfig::qwen_image_t2i_lora(),
+        TrainConfig::shapes_world_lora(),
+    );
+    assert_eq!(a.algorithm, b.algorithm);
+    assert_eq!(
+        a.sampling.num_inference_steps,
+        b.sampling.num_inference_steps
+    );
+    assert_eq!(a.sampling.sde_pool, b.sampling.sde_pool);
+    assert_eq!(a.rollout.group_size, b.rollout.group_size);
+    assert_eq!(a.optimizer.clip_grad, b.optimizer.clip_grad);
+    // and the config text round-trips, solver and storage included
+    let text = b.to_toml_string().unwrap();
+    assert!(
+        text.contains("solver = \"euler\"") && text.contains("kind = \"flow_grpo\""),
+        "{text}"
+    );
+    assert_eq!(TrainConfig::from_toml_str(&text, None, &[]).unwrap(), b);
+}
+
+#[test]
+fn the_resolved_config_is_written_into_the_run_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = TrainConfig::qwen_image_t2i_full();
+    let path = c.save_resolved(dir.path()).unwrap();
+    assert_eq!(path, dir.path().join(RESOLVED_CONFIG_FILE));
+    assert_eq!(TrainConfig::from_file(&path, &[]).unwrap(), c);
+}
+
+#[test]
+fn reward_components_required_first_then_optional() {
+    let mut c = TrainConfig::qwen_image_t2i_lora();
+    c.reward.component_weights.insert("aesthetic".into(), 0.5);
+    let comps = c.reward_components();
+    assert_eq!(comps[0], RewardComponent::required("pickscore", 1.0));
+    assert_eq!(comps[1], RewardComponent::optional("aesthetic", 0.5));
+}

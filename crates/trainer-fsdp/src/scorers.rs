@@ -1,0 +1,170 @@
+//! The scorers of `[reward] scorers`, built once and run as one: every sample's components
+//! are the union of the scorers' (preflight refuses two scorers producing one component).
+
+use burn::tensor::backend::Backend;
+use reward::shapes::ShapesScorer;
+use reward::{
+    Batch, Components, Input, JpegReward, JpegScorer, PickScore, PickScoreOptions, RewardError,
+    Scorer,
+};
+
+use crate::config::ScorerSpec;
+use crate::error::TrainerError;
+
+/// A scorer the world can call from any thread.
+pub type SharedScorer = Box<dyn Scorer + Send + Sync>;
+
+/// Builds the scorer of one spec on the backend `Bi` (PickScore's CLIP runs there).
+///
+/// # Errors
+/// A PickScore directory that does not load.
+pub fn build_scorer<Bi: Backend>(
+    spec: &ScorerSpec,
+    device: &Bi::Device,
+) -> Result<SharedScorer, TrainerError>
+where
+    PickScore<Bi>: Send + Sync,
+{
+    Ok(match spec {
+        ScorerSpec::Shapes => Box::new(ShapesScorer),
+        ScorerSpec::JpegCompressibility => Box::new(JpegScorer::ddpo(JpegReward::Compressibility)),
+        ScorerSpec::JpegIncompressibility => {
+            Box::new(JpegScorer::ddpo(JpegReward::Incompressibility))
+        }
+        ScorerSpec::Pickscore { model_path } => Box::new(PickScore::<Bi>::from_dir(
+            model_path,
+            device,
+            PickScoreOptions::default(),
+        )?),
+    })
+}
+
+/// Several scorers as one: each scores the whole batch (in its own chunks), and each sample's
+/// components are merged in scorer order.
+pub struct ScorerSet {
+    scorers: Vec<SharedScorer>,
+    inputs: Vec<Input>,
+}
+
+impl std::fmt::Debug for ScorerSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ScorerSet")
+            .field("scorers", &self.name())
+            .finish()
+    }
+}
+
+impl ScorerSet {
+    /// The set of `scorers` (at least one).
+    ///
+    /// # Panics
+    /// When `scorers` is empty (preflight refuses an empty `reward.scorers`).
+    pub fn new(scorers: Vec<SharedScorer>) -> Self {
+        assert!(!scorers.is_empty(), "a scorer set needs a scorer");
+        let mut inputs: Vec<Input> = Vec::new();
+        for s in &scorers {
+            for i in s.required_inputs() {
+                if !inputs.contains(i) {
+                    inputs.push(*i);
+                }
+            }
+        }
+        Self { scorers, inputs }
+    }
+
+    /// The set of the configured specs.
+    ///
+    /// # Errors
+    /// As [`build_scorer`].
+    pub fn from_specs<Bi: Backend>(
+        specs: &[ScorerSpec],
+        device: &Bi::Device,
+    ) -> Result<Self, TrainerError>
+    where
+        PickScore<Bi>: Send + Sync,
+    {
+        if specs.is_empty() {
+            return Err(TrainerError::NoScorer);
+        }
+        Ok(Self::new(
+            specs
+                .iter()
+                .map(|s| build_scorer::<Bi>(s, device))
+                .collect::<Result<_, _>>()?,
+        ))
+    }
+}
+
+impl Scorer for ScorerSet {
+    fn name(&self) -> String {
+        self.scorers
+            .iter()
+            .map(|s| s.name())
+            .collect::<Vec<_>>()
+            .join(" + ")
+    }
+
+    fn required_inputs(&self) -> &[Input] {
+        &self.inputs
+    }
+
+    fn components(&self) -> Vec<String> {
+        self.scorers.iter().flat_map(|s| s.components()).collect()
+    }
+
+    fn chunk_size(&self) -> usize {
+        // each member chunks its own calls
+        usize::MAX
+    }
+
+    fn score_chunk(&self, batch: Batch<'_>) -> Result<Vec<Components>, RewardError> {
+        let mut out: Option<Vec<Components>> = None;
+        for s in &self.scorers {
+            let part = s.score(batch)?;
+            match &mut out {
+                None => out = Some(part),
+                Some(acc) => {
+                    for (a, p) in acc.iter_mut().zip(part) {
+                        for (k, v) in p.iter() {
+                            a.insert(k, v);
+                        }
+                    }
+                }
+            }
+        }
+        Ok(out.unwrap_or_default())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use reward::RgbImage;
+    use reward::shapes::{RenderOptions, SceneSpec, render};
+
+    #[test]
+    fn a_set_merges_its_scorers_components() {
+        let set = ScorerSet::from_specs::<burn::backend::Flex>(
+            &[ScorerSpec::Shapes, ScorerSpec::JpegCompressibility],
+            &Default::default(),
+        )
+        .unwrap();
+        let prompts: Vec<String> = vec!["a red circle".into()];
+        let images: Vec<RgbImage> = vec![
+            render(
+                &SceneSpec::parse("a red circle").unwrap(),
+                1,
+                &RenderOptions::default(),
+            )
+            .image,
+        ];
+        let out = set
+            .score(Batch::images_and_prompts(&images, &prompts).unwrap())
+            .unwrap();
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].get("shapes"), Some(1.0));
+        assert!(out[0].get("jpeg_compressibility").unwrap() < 0.0);
+        assert_eq!(set.name(), "shapes + jpeg_compressibility (quality 95)");
+        assert!(set.required_inputs().contains(&Input::Prompt));
+    }
+}
