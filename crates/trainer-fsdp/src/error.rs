@@ -140,6 +140,16 @@ pub enum TrainerError {
         available: usize,
     },
 
+    /// `{ world = { components } }` in a world that has no reward of its own, or not one with
+    /// these components.
+    #[error(
+        "reward.scorers asks for the world's own reward with components {components:?}, which this world does not have"
+    )]
+    NoWorldReward {
+        /// The components asked for.
+        components: Vec<String>,
+    },
+
     /// A world was asked to score with no scorer.
     #[error("reward.scorers is empty: a sample scored by nothing would train on 0")]
     NoScorer,

@@ -690,6 +690,26 @@ where
         Ok(())
     }
 
+    /// The first evaluation in this run directory's metrics log (a resumed run's starting
+    /// policy), if it is there.
+    fn logged_initial_eval(&self) -> Result<Option<EvalSummary>, TrainerError> {
+        let Some(path) = self.monitor.jsonl_path() else {
+            return Ok(None);
+        };
+        Ok(crate::monitor::read_jsonl(&path)?
+            .into_iter()
+            .find_map(|r| {
+                let reward = r.metrics.get(EVAL_REWARD).copied().flatten()?;
+                let stderr = r
+                    .metrics
+                    .get(EVAL_REWARD_SE)
+                    .copied()
+                    .flatten()
+                    .unwrap_or(f64::NAN);
+                Some(EvalSummary { reward, stderr })
+            }))
+    }
+
     fn log(&mut self, step: u64, metrics: &Metrics) -> Result<(), TrainerError> {
         if self.workers.is_io_rank() {
             self.monitor.log(step, metrics)?;
@@ -698,7 +718,8 @@ where
     }
 
     /// Runs rollouts until `run.num_rollouts` or a stop request (which ends after a committed
-    /// checkpoint), evaluating at the start, every `eval.interval` rollouts and at the end.
+    /// checkpoint), evaluating at the start (of a fresh run: a resumed one reads the starting
+    /// evaluation from its log), every `eval.interval` rollouts and at the end.
     ///
     /// # Errors
     /// Any phase's error (a failed reward group is not an error: it is logged and skipped).
@@ -714,12 +735,15 @@ where
         };
         let reward_metric = self.reward_metric();
         let interval = self.cfg.eval.interval;
-        if interval > 0 {
-            let e = self.evaluate(&format!("rollout_{:04}", self.next_rollout))?;
+        if interval > 0 && self.next_rollout == 0 {
+            let e = self.evaluate("rollout_0000")?;
             print_eval("start", &e);
             summary.initial_eval = Some(e.summary());
-            let step = self.next_rollout;
-            self.log(step, &e.metrics())?;
+            self.log(0, &e.metrics())?;
+        } else if interval > 0 {
+            // a resumed run: the starting policy was evaluated (and logged) by the run it
+            // continues, whose records up to the checkpoint are kept
+            summary.initial_eval = self.logged_initial_eval()?;
         }
         let progress = Progress::new(
             "rollouts",

@@ -14,18 +14,33 @@ use crate::error::TrainerError;
 /// A scorer the world can call from any thread.
 pub type SharedScorer = Box<dyn Scorer + Send + Sync>;
 
-/// Builds the scorer of one spec on the backend `Bi` (PickScore's CLIP runs there).
+/// How a world builds its own reward for `{ world = { components } }`.
+pub type WorldReward<'a> = dyn Fn(&[String]) -> Result<SharedScorer, TrainerError> + 'a;
+
+/// Builds the scorer of one spec on the backend `Bi` (PickScore's CLIP runs there);
+/// `world` builds the world's own reward ([`ScorerSpec::World`]), or is `None` for a world
+/// that has none.
 ///
 /// # Errors
-/// A PickScore directory that does not load.
+/// A PickScore directory that does not load; [`TrainerError::NoWorldReward`] for a world
+/// reward the world does not have.
 pub fn build_scorer<Bi: Backend>(
     spec: &ScorerSpec,
+    world: Option<&WorldReward<'_>>,
     device: &Bi::Device,
 ) -> Result<SharedScorer, TrainerError>
 where
     PickScore<Bi>: Send + Sync,
 {
     Ok(match spec {
+        ScorerSpec::World { components } => match world {
+            Some(build) => build(components)?,
+            None => {
+                return Err(TrainerError::NoWorldReward {
+                    components: components.clone(),
+                });
+            }
+        },
         ScorerSpec::Shapes => Box::new(ShapesScorer),
         ScorerSpec::JpegCompressibility => Box::new(JpegScorer::ddpo(JpegReward::Compressibility)),
         ScorerSpec::JpegIncompressibility => {
@@ -78,6 +93,7 @@ impl ScorerSet {
     /// As [`build_scorer`].
     pub fn from_specs<Bi: Backend>(
         specs: &[ScorerSpec],
+        world: Option<&WorldReward<'_>>,
         device: &Bi::Device,
     ) -> Result<Self, TrainerError>
     where
@@ -89,7 +105,7 @@ impl ScorerSet {
         Ok(Self::new(
             specs
                 .iter()
-                .map(|s| build_scorer::<Bi>(s, device))
+                .map(|s| build_scorer::<Bi>(s, world, device))
                 .collect::<Result<_, _>>()?,
         ))
     }
@@ -146,6 +162,7 @@ mod tests {
     fn a_set_merges_its_scorers_components() {
         let set = ScorerSet::from_specs::<burn::backend::Flex>(
             &[ScorerSpec::Shapes, ScorerSpec::JpegCompressibility],
+            None,
             &Default::default(),
         )
         .unwrap();
@@ -166,5 +183,16 @@ mod tests {
         assert!(out[0].get("jpeg_compressibility").unwrap() < 0.0);
         assert_eq!(set.name(), "shapes + jpeg_compressibility (quality 95)");
         assert!(set.required_inputs().contains(&Input::Prompt));
+
+        // a world reward needs a world that has one
+        let err = ScorerSet::from_specs::<burn::backend::Flex>(
+            &[ScorerSpec::World {
+                components: vec!["closeness".into()],
+            }],
+            None,
+            &Default::default(),
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("closeness"), "{err}");
     }
 }

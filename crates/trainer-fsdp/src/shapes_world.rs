@@ -38,7 +38,7 @@ use burn::tensor::{Bool, Distribution, Int, Tensor, TensorData};
 use dit_models::{
     ImageShape, QwenImageConditioning, QwenImageConfig, QwenImageTransformer2DModel, VelocityModel,
 };
-use reward::shapes::{Category, IMAGE_SIZE, SceneSpec, ShapesScorer};
+use reward::shapes::{Category, IMAGE_SIZE, SHAPES_COMPONENT, SceneSpec, ShapesScorer};
 use reward::{Batch, Components, RgbImage};
 use sde_math::StorageDtype;
 use trajectory::{Conditions, Digest, StoredTensor};
@@ -552,8 +552,18 @@ impl<Bi: Backend> ShapesWorld<Bi> {
         reward::PickScore<Bi>: Send + Sync,
     {
         let text = load_text_encoder::<Bi>(dir, device)?.0;
-        Ok(Self::new(dir, text)?
-            .with_scorer(Box::new(ScorerSet::from_specs::<Bi>(scorers, device)?)))
+        // the world's own reward is the composition judge
+        let judge = |components: &[String]| -> Result<SharedScorer, TrainerError> {
+            if components == [SHAPES_COMPONENT] {
+                Ok(Box::new(ShapesScorer))
+            } else {
+                Err(TrainerError::NoWorldReward {
+                    components: components.to_vec(),
+                })
+            }
+        };
+        let set = ScorerSet::from_specs::<Bi>(scorers, Some(&judge), device)?;
+        Ok(Self::new(dir, text)?.with_scorer(Box::new(set)))
     }
 
     /// The world of a generator whose text encoder is already loaded (pretraining evaluates

@@ -558,16 +558,24 @@ pub enum ScorerSpec {
         /// The model directory (`config.json`, safetensors, tokenizer and processor files).
         model_path: PathBuf,
     },
+    /// `{ world = { components = [...] } }`: the world's own verifiable reward, producing
+    /// these components (a synthetic world that knows the right answer, e.g. a test's
+    /// closed-form reward). A world without such a reward refuses it.
+    World {
+        /// The components the world's reward produces.
+        components: Vec<String>,
+    },
 }
 
 impl ScorerSpec {
     /// The components every sample gets from this scorer.
-    pub fn components(&self) -> Vec<&'static str> {
+    pub fn components(&self) -> Vec<String> {
         match self {
-            ScorerSpec::Shapes => vec![reward::shapes::SHAPES_COMPONENT],
-            ScorerSpec::JpegCompressibility => vec!["jpeg_compressibility"],
-            ScorerSpec::JpegIncompressibility => vec!["jpeg_incompressibility"],
-            ScorerSpec::Pickscore { .. } => vec![reward::PICKSCORE_COMPONENT],
+            ScorerSpec::Shapes => vec![reward::shapes::SHAPES_COMPONENT.into()],
+            ScorerSpec::JpegCompressibility => vec!["jpeg_compressibility".into()],
+            ScorerSpec::JpegIncompressibility => vec!["jpeg_incompressibility".into()],
+            ScorerSpec::Pickscore { .. } => vec![reward::PICKSCORE_COMPONENT.into()],
+            ScorerSpec::World { components } => components.clone(),
         }
     }
 }

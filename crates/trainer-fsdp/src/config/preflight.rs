@@ -402,16 +402,16 @@ impl TrainConfig {
             p.push(PreflightProblem::OutOfRange {
                 key: "reward.scorers",
                 given: "[]".into(),
-                allowed: "at least one scorer (shapes, jpeg_compressibility, jpeg_incompressibility, pickscore)",
+                allowed: "at least one scorer (shapes, jpeg_compressibility, jpeg_incompressibility, pickscore, world)",
             });
             return;
         }
-        let mut produced: BTreeMap<&str, &ScorerSpec> = BTreeMap::new();
+        let mut produced: BTreeMap<String, &ScorerSpec> = BTreeMap::new();
         for spec in &r.scorers {
             for c in spec.components() {
-                if let Some(first) = produced.insert(c, spec) {
+                if let Some(first) = produced.insert(c.clone(), spec) {
                     p.push(PreflightProblem::ScorersOverlap {
-                        component: c.to_string(),
+                        component: c,
                         first: format!("{first:?}"),
                         second: format!("{spec:?}"),
                     });

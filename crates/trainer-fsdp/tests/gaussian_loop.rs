@@ -1,0 +1,211 @@
+//! The generic run in a second world, from outside the crate: the analytic Gaussian world
+//! (`gaussian_world/`) goes through rollout, score, advantages, train, evaluate and
+//! checkpoint in the same code as the shapes world, its held-out reward rises, and a run
+//! killed by SIGKILL at any point resumes to the same end, bit for bit.
+//!
+//! This test binary is also the child: with `GAUSSIAN_CHILD_DIR` set it runs the loop for
+//! `ROLLOUTS` rollouts (a checkpoint after each), resuming from the last committed one,
+//! printing `PHASE <iteration> <phase>` after each durable step of a checkpoint write and
+//! sleeping `GAUSSIAN_CHILD_SLOW_MS`, and finally writing the policy's parameters to a file.
+
+mod crash_harness;
+mod gaussian_world;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use burn::module::AutodiffModule;
+use crash_harness::{Harness, say};
+use gaussian_world::*;
+use trainer_fsdp::{CheckpointStore, StopFlag, TrainerRng, WritePhase, names, read_jsonl};
+
+const ROLLOUTS: u64 = 8;
+const FINAL: &str = "final_policy.bin";
+
+const HARNESS: Harness = Harness {
+    dir_var: "GAUSSIAN_CHILD_DIR",
+    slow_var: "GAUSSIAN_CHILD_SLOW_MS",
+    extra_env: |_| Vec::new(),
+    show_stderr: false,
+};
+
+fn main() {
+    match HARNESS.child_dir() {
+        Some(dir) => child(&dir),
+        None => parent(),
+    }
+}
+
+fn delta(run: &GaussianRun) -> Vec<f32> {
+    AutodiffModule::<Train>::valid(run.model())
+        .delta
+        .val()
+        .into_data()
+        .to_vec::<f32>()
+        .unwrap()
+}
+
+fn child(dir: &Path) {
+    let slow = HARNESS.slow();
+    let run = start(
+        dir,
+        ROLLOUTS,
+        &["checkpoint.resume=true", "checkpoint.max_to_keep=2"],
+    );
+    say(&format!("START {}", run.next_rollout()));
+    let mut run = run.with_checkpoint_hook(Arc::new(move |it, phase| {
+        say(&format!("PHASE {it} {phase:?}"));
+        std::thread::sleep(slow);
+    }));
+    run.run(&StopFlag::new()).unwrap();
+    let bits: Vec<u8> = delta(&run)
+        .into_iter()
+        .flat_map(|v| v.to_bits().to_le_bytes())
+        .collect();
+    trajectory::write_atomic(&dir.join(FINAL), &bits).unwrap();
+    say("DONE");
+}
+
+/// The reward rises: the held-out classes, never trained on, score better after training,
+/// and the learned offset moved toward the reward's shift.
+fn the_reward_rises() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut run = start(dir.path(), ROLLOUTS, &[]);
+    let summary = run.run(&StopFlag::new()).unwrap();
+    let (a, b) = (summary.initial_eval.unwrap(), summary.final_eval.unwrap());
+    // the base policy samples N(m, s^2): closeness about -(SHIFT^2 + STD^2)
+    let base = -f64::from(SHIFT * SHIFT + STD * STD);
+    assert!(
+        (a.reward - base).abs() < 5.0 * a.stderr + 0.05,
+        "base policy: {a:?}, expected about {base}"
+    );
+    assert!(
+        b.reward > a.reward + 0.3 && b.reward - a.reward > 10.0 * b.stderr.max(a.stderr),
+        "held-out closeness {:.3} ± {:.3} -> {:.3} ± {:.3} did not rise",
+        a.reward,
+        a.stderr,
+        b.reward,
+        b.stderr
+    );
+    let d = delta(&run);
+    let mean = d.iter().sum::<f32>() / d.len() as f32;
+    assert!(
+        mean > 0.3,
+        "the offset did not move toward the shift: {d:?}"
+    );
+    // the run logged its evaluations, their standard errors and categories
+    let records = read_jsonl(&dir.path().join("run").join("metrics.jsonl")).unwrap();
+    let last = records.last().unwrap();
+    for key in ["eval/reward", "eval/reward_se", "eval/category/odd"] {
+        assert!(last.metrics.get(key).is_some_and(Option::is_some), "{key}");
+    }
+    assert_eq!(last.metrics[names::TRAIN_OPTIMIZER_STEPS], Some(2.0));
+    println!(
+        "test the_reward_rises ... ok (held-out closeness {:.3} ± {:.3} -> {:.3} ± {:.3}, offset mean {mean:.3})",
+        a.reward, a.stderr, b.reward, b.stderr
+    );
+}
+
+/// One metrics record: its step and its non-timing values.
+type Record = (u64, Vec<(String, Option<f64>)>);
+
+fn metrics(dir: &Path) -> Vec<Record> {
+    read_jsonl(&dir.join("run").join("metrics.jsonl"))
+        .unwrap()
+        .into_iter()
+        .map(|r| {
+            (
+                r.step,
+                r.metrics
+                    .into_iter()
+                    .filter(|(k, _)| !names::is_timing(k))
+                    .collect(),
+            )
+        })
+        .collect()
+}
+
+fn resume_and_check(dir: &Path, reference: &Path, trial: &str) {
+    let last = CheckpointStore::new(dir.join("ckpt"), "t2i", None)
+        .unwrap()
+        .latest_committed()
+        .unwrap()
+        .map(|c| c.iteration);
+    let lines = HARNESS.run_to_end(dir);
+    let expect = format!("START {}", last.map_or(0, |it| it + 1));
+    assert_eq!(
+        lines.iter().find(|l| l.starts_with("START")),
+        Some(&expect),
+        "{trial}: resumed at the wrong rollout: {lines:?}"
+    );
+    assert_eq!(lines.last().map(String::as_str), Some("DONE"), "{trial}");
+    assert_eq!(
+        std::fs::read(dir.join(FINAL)).unwrap(),
+        std::fs::read(reference.join(FINAL)).unwrap(),
+        "{trial}: final parameters differ from the uninterrupted run"
+    );
+    assert_eq!(metrics(dir), metrics(reference), "{trial}: metrics differ");
+}
+
+fn sigkill_and_resume() {
+    let start = Instant::now();
+    let root = tempfile::tempdir().unwrap();
+    let reference = root.path().join("reference");
+    let t0 = Instant::now();
+    let lines = HARNESS.run_to_end(&reference);
+    let full = t0.elapsed();
+    assert_eq!(
+        lines
+            .iter()
+            .find(|l| l.starts_with("START"))
+            .map(String::as_str),
+        Some("START 0")
+    );
+    let slow = 20u64;
+    type Trial = Box<dyn Fn(&Path) + Send + Sync>;
+    let mut trials: Vec<(String, Trial)> = Vec::new();
+    for (it, phase) in [
+        (0, WritePhase::Weights),
+        (2, WritePhase::Optimizer),
+        (3, WritePhase::Committed),
+        (5, WritePhase::TrainerState),
+    ] {
+        let marker = format!("PHASE {it} {phase:?}");
+        trials.push((
+            format!("SIGKILL after `{marker}`"),
+            Box::new(move |dir: &Path| {
+                assert!(
+                    HARNESS.kill_at_marker(dir, slow, &marker),
+                    "{marker} never printed"
+                )
+            }),
+        ));
+    }
+    let mut rng = TrainerRng::seeded(11);
+    let window = full.as_millis() as u64 + ROLLOUTS * 7 * slow;
+    for _ in 0..2 {
+        let ms = 50 + rng.below(window);
+        trials.push((
+            format!("SIGKILL after {ms} ms"),
+            Box::new(move |dir: &Path| HARNESS.kill_after(dir, slow, Duration::from_millis(ms))),
+        ));
+    }
+    let n = trials.len();
+    for (i, (name, kill)) in trials.iter().enumerate() {
+        let dir = root.path().join(format!("trial{i}"));
+        kill(&dir);
+        resume_and_check(&dir, &reference, name);
+        println!("test gaussian_loop trial {i} ({name}) ... ok");
+    }
+    println!(
+        "({n} SIGKILL trials of the Gaussian world, reference run {:.2}s, total {:.1}s)",
+        full.as_secs_f64(),
+        start.elapsed().as_secs_f64()
+    );
+}
+
+fn parent() {
+    the_reward_rises();
+    sigkill_and_resume();
+}

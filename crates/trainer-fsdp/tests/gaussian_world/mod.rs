@@ -1,0 +1,360 @@
+//! A second world for the generic run, written outside the crate against the public seams
+//! only: an analytic Gaussian world whose velocity is exact and whose reward is closed-form.
+//!
+//! * Prompts are classes `"class 0"` .. `"class 7"`; classes 6 and 7 are held out.
+//! * The base data of class `c` is `x0 ~ N(m_c, s^2 I)` over a `[TOKENS, CHANNELS]` latent,
+//!   with fixed means `m_c`. For Gaussian data the flow-matching velocity is exact:
+//!   with `x_sigma = (1 - sigma) x0 + sigma eps` and `V = (1 - sigma)^2 s^2 + sigma^2`,
+//!   `v(x, sigma) = E[eps - x0 | x_sigma] = (sigma - (1 - sigma) s^2) / V * (x - (1 - sigma) m) - m`.
+//! * The policy is that velocity with the means shifted by one learned offset `delta`, shared
+//!   by every class (so what the training classes learn carries over to the held-out ones);
+//!   it starts at 0, i.e. at the exact base model. Every parameter trains (`full` mode).
+//! * The reward is closed-form: `closeness = -mean((x0 - (m_c + SHIFT))^2)`, highest when the
+//!   policy has learned `delta = SHIFT`. The base policy scores about `-(SHIFT^2 + s^2)`.
+//! * The conditioning is the class's one-hot vector, stored in the trajectory as a
+//!   `[1, CLASSES]` "text" state.
+
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use burn::backend::{Autodiff, Flex};
+use burn::module::{Module, Param};
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{Tensor, TensorData};
+use reward::{Components, RgbImage};
+use trainer_fsdp::config::{ScorerSpec, TrainableMode};
+use trainer_fsdp::{
+    FlowGrpo, HeldOutPrompt, LoadedPolicy, LocalWorkers, Override, RecipeName, Run, TrainConfig,
+    Trainable, TrainerError, TrainerRng, World,
+};
+use trajectory::{Conditions, Digest, StoredTensor};
+use velocity_model::{TensorConditioning, VelocityModel};
+
+/// Latent tokens.
+pub const TOKENS: usize = 4;
+/// Latent channels.
+pub const CHANNELS: usize = 2;
+/// Classes (prompts); the last two are held out.
+pub const CLASSES: usize = 8;
+/// Held-out classes.
+pub const HELD_OUT: usize = 2;
+/// The data's std per element.
+pub const STD: f32 = 0.5;
+/// What the reward wants added to every mean.
+pub const SHIFT: f32 = 1.0;
+/// The reward component.
+pub const COMPONENT: &str = "closeness";
+
+/// The training backend.
+pub type Train = Autodiff<Flex>;
+
+/// The Gaussian-world run on one process.
+pub type GaussianRun = Run<Train, GaussianWorld, FlowGrpo, LocalWorkers>;
+
+/// Class `c`'s base mean, element `i`: fixed and distinct per class.
+fn base_mean(c: usize, i: usize) -> f32 {
+    ((c * 7 + i * 3) % 5) as f32 * 0.5 - 1.0
+}
+
+/// The velocity model: the exact base velocity with every mean shifted by `delta`.
+///
+/// (burn's `Module` derive maps a backend parameter named `B` to the inner backend.)
+#[derive(Module, Debug)]
+pub struct GaussianPolicy<B: Backend> {
+    /// The learned shift of the means, `[TOKENS * CHANNELS]`.
+    pub delta: Param<Tensor<B, 1>>,
+}
+
+impl<Bk: Backend> GaussianPolicy<Bk> {
+    /// The base policy: `delta = 0`.
+    pub fn base(device: &Bk::Device) -> Self {
+        Self {
+            delta: Param::from_tensor(Tensor::zeros([TOKENS * CHANNELS], device)),
+        }
+    }
+}
+
+/// The class means `[CLASSES, TOKENS * CHANNELS]`.
+fn means<Bk: Backend>(device: &Bk::Device) -> Tensor<Bk, 2> {
+    let v: Vec<f32> = (0..CLASSES)
+        .flat_map(|c| (0..TOKENS * CHANNELS).map(move |i| base_mean(c, i)))
+        .collect();
+    Tensor::from_data(TensorData::new(v, [CLASSES, TOKENS * CHANNELS]), device)
+}
+
+impl<Bk: Backend> VelocityModel<Bk> for GaussianPolicy<Bk> {
+    type Conditioning = TensorConditioning<Bk, 2>;
+
+    fn velocity(
+        &self,
+        x: Tensor<Bk, 3>,
+        sigma: Tensor<Bk, 1>,
+        cond: &TensorConditioning<Bk, 2>,
+    ) -> Tensor<Bk, 3> {
+        let [b, t, c] = x.dims();
+        let device = x.device();
+        // m = onehot @ means + delta, per row
+        let m = cond.0.clone().matmul(means::<Bk>(&device)) + self.delta.val().unsqueeze_dim(0);
+        let m = m.reshape([b, t, c]);
+        let s = sigma.reshape([b, 1, 1]);
+        let one_minus = s.clone().neg().add_scalar(1.0);
+        let s2 = STD * STD;
+        let var = one_minus.clone().powi_scalar(2).mul_scalar(s2) + s.clone().powi_scalar(2);
+        let a = (s - one_minus.clone().mul_scalar(s2)) / var;
+        a * (x - one_minus * m.clone()) - m
+    }
+}
+
+/// One sample: its clean latent, flattened.
+#[derive(Debug, Clone)]
+pub struct GaussianSample {
+    /// `x0`, `[TOKENS * CHANNELS]`.
+    pub x0: Vec<f32>,
+}
+
+/// The analytic Gaussian world.
+#[derive(Debug)]
+pub struct GaussianWorld {
+    held_out: Vec<HeldOutPrompt>,
+}
+
+impl GaussianWorld {
+    /// The world, checking that the config asks for its closed-form reward.
+    ///
+    /// # Errors
+    /// [`TrainerError::NoWorldReward`] for any other scorer.
+    pub fn new(scorers: &[ScorerSpec]) -> Result<Self, TrainerError> {
+        for s in scorers {
+            match s {
+                ScorerSpec::World { components } if components == &[COMPONENT] => {}
+                other => {
+                    return Err(TrainerError::NoWorldReward {
+                        components: other.components(),
+                    });
+                }
+            }
+        }
+        Ok(Self {
+            held_out: (CLASSES - HELD_OUT..CLASSES)
+                .map(|c| HeldOutPrompt {
+                    prompt: format!("class {c}"),
+                    category: if c % 2 == 0 { "even" } else { "odd" }.into(),
+                })
+                .collect(),
+        })
+    }
+}
+
+fn class_of(prompt: &str) -> Result<usize, TrainerError> {
+    prompt
+        .strip_prefix("class ")
+        .and_then(|c| c.parse::<usize>().ok())
+        .filter(|c| *c < CLASSES)
+        .ok_or_else(|| TrainerError::PromptVocabulary {
+            prompt: prompt.into(),
+            problem: "not a class of the Gaussian world".into(),
+        })
+}
+
+impl<Bk: AutodiffBackend> World<Bk> for GaussianWorld {
+    type Cond<Bx: Backend> = TensorConditioning<Bx, 2>;
+    type Policy = GaussianPolicy<Bk>;
+    type Sample = GaussianSample;
+
+    fn name(&self) -> String {
+        "Gaussian world".into()
+    }
+
+    fn latent_shape(&self) -> [usize; 2] {
+        [TOKENS, CHANNELS]
+    }
+
+    fn train_prompts(&self, rng: &mut TrainerRng, n: usize) -> Result<Vec<String>, TrainerError> {
+        let mut classes: Vec<usize> = (0..CLASSES - HELD_OUT).collect();
+        if n > classes.len() {
+            return Err(TrainerError::PromptPoolExhausted {
+                requested: n,
+                available: classes.len(),
+            });
+        }
+        rng.shuffle(&mut classes);
+        Ok(classes[..n].iter().map(|c| format!("class {c}")).collect())
+    }
+
+    fn held_out(&self) -> &[HeldOutPrompt] {
+        &self.held_out
+    }
+
+    fn load_policy(
+        &self,
+        trainable: &Trainable,
+        _seed: u64,
+        device: &Bk::Device,
+    ) -> Result<LoadedPolicy<GaussianPolicy<Bk>>, TrainerError> {
+        assert_eq!(
+            trainable,
+            &Trainable::Full,
+            "the Gaussian policy trains in full"
+        );
+        Ok(LoadedPolicy {
+            model: GaussianPolicy::base(device),
+            contract: None,
+            weight_hash: Digest::sha256(b"gaussian world base policy"),
+        })
+    }
+
+    fn encode(
+        &self,
+        prompts: &[&str],
+        device: &Bk::Device,
+    ) -> Result<TensorConditioning<Bk::InnerBackend, 2>, TrainerError> {
+        let mut v = vec![0.0f32; prompts.len() * CLASSES];
+        for (row, p) in prompts.iter().enumerate() {
+            v[row * CLASSES + class_of(p)?] = 1.0;
+        }
+        Ok(TensorConditioning(Tensor::from_data(
+            TensorData::new(v, [prompts.len(), CLASSES]),
+            device,
+        )))
+    }
+
+    fn store_conditioning(
+        &self,
+        cond: &TensorConditioning<Bk::InnerBackend, 2>,
+        rows: &[usize],
+    ) -> Result<Vec<Conditions>, TrainerError> {
+        let v: Vec<f32> = cond
+            .0
+            .clone()
+            .into_data()
+            .convert::<f32>()
+            .to_vec()
+            .unwrap();
+        rows.iter()
+            .map(|&r| {
+                Ok(Conditions {
+                    text_embeddings: StoredTensor::from_f32(
+                        "conditions.text",
+                        &v[r * CLASSES..(r + 1) * CLASSES],
+                        vec![1, CLASSES],
+                        sde_math::StorageDtype::F32,
+                    )?,
+                    text_mask: vec![true],
+                    extra: BTreeMap::new(),
+                })
+            })
+            .collect()
+    }
+
+    fn restore_conditioning<Bx: Backend>(
+        &self,
+        stored: &Conditions,
+        rows: usize,
+        device: &Bx::Device,
+    ) -> Result<TensorConditioning<Bx, 2>, TrainerError> {
+        let v = stored.text_embeddings.to_f32();
+        Ok(TensorConditioning(
+            Tensor::<Bx, 2>::from_data(TensorData::new(v, [1, CLASSES]), device)
+                .repeat_dim(0, rows),
+        ))
+    }
+
+    fn decode(
+        &self,
+        latents: Tensor<Bk::InnerBackend, 3>,
+    ) -> Result<Vec<GaussianSample>, TrainerError> {
+        let [b, t, c] = latents.dims();
+        let v: Vec<f32> = latents.into_data().convert::<f32>().to_vec().unwrap();
+        Ok((0..b)
+            .map(|i| GaussianSample {
+                x0: v[i * t * c..(i + 1) * t * c].to_vec(),
+            })
+            .collect())
+    }
+
+    fn score(
+        &self,
+        samples: &[GaussianSample],
+        prompts: &[String],
+    ) -> Result<Vec<Components>, TrainerError> {
+        samples
+            .iter()
+            .zip(prompts)
+            .map(|(s, p)| {
+                let c = class_of(p)?;
+                let d = TOKENS * CHANNELS;
+                let err = (0..d)
+                    .map(|i| {
+                        let e = f64::from(s.x0[i]) - f64::from(base_mean(c, i) + SHIFT);
+                        e * e
+                    })
+                    .sum::<f64>()
+                    / d as f64;
+                Ok(Components::new().with(COMPONENT, -err))
+            })
+            .collect()
+    }
+
+    fn image(&self, _sample: &GaussianSample) -> Option<RgbImage> {
+        None
+    }
+}
+
+/// The Gaussian world's config: the shapes recipe's loop settings on the Gaussian world's
+/// scale (6 steps, 4 classes x 4 candidates, full fine-tuning of the offset at lr 0.05),
+/// everything written under `root`.
+pub fn config(root: &Path, rollouts: u64, extra: &[&str]) -> TrainConfig {
+    let dir = |name: &str| root.join(name).display().to_string();
+    let mut o = vec![
+        format!("run.num_rollouts={rollouts}"),
+        "run.seed=3".to_string(),
+        "rollout.prompts_per_rollout=4".into(),
+        "rollout.group_size=4".into(),
+        "rollout.micro_batch_size=4".into(),
+        "sampling.num_inference_steps=6".into(),
+        "sampling.sde_pool=[1, 2, 3]".into(),
+        "sampling.sde_indices=[1, 2]".into(),
+        "sampling.num_sde_steps=2".into(),
+        "optimizer.lr=0.05".into(),
+        "reward.scorers=[{ world = { components = [\"closeness\"] } }]".into(),
+        "reward.required_components=[\"closeness\"]".into(),
+        "reward.component_weights={ closeness = 1.0 }".into(),
+        "eval.interval=4".into(),
+        "eval.samples_per_prompt=16".into(),
+        "checkpoint.save_interval=1".into(),
+        format!("checkpoint.dir={}", dir("ckpt")),
+        format!("artifacts.root={}", dir("artifacts")),
+        "monitor.progress=\"never\"".into(),
+    ];
+    o.extend(extra.iter().map(|s| s.to_string()));
+    let mut cfg = TrainConfig::from_recipe(
+        RecipeName::ShapesWorldLora,
+        &Override::parse_all(&o).unwrap(),
+    )
+    .unwrap();
+    cfg.model.trainable_mode = TrainableMode::Full;
+    cfg.model.master_dtype = None;
+    cfg.lora = None;
+    cfg
+}
+
+/// A Gaussian-world run of `config(root, ..)` writing into `root/run`.
+pub fn start(root: &Path, rollouts: u64, extra: &[&str]) -> GaussianRun {
+    let cfg = config(root, rollouts, extra);
+    let pre = cfg.preflight().unwrap();
+    let world = GaussianWorld::new(&cfg.reward.scorers).unwrap();
+    let trainer_fsdp::AlgorithmPlan::FlowGrpo { clip_range } = pre.algorithm.clone();
+    let workers = LocalWorkers::new(cfg.run.threads());
+    Run::new(
+        cfg,
+        pre,
+        &root.join("run"),
+        Default::default(),
+        world,
+        FlowGrpo::new(clip_range),
+        workers,
+    )
+    .unwrap()
+}
