@@ -11,8 +11,11 @@ const LAYERS: &[(&str, u8)] = &[
     ("schedule", 0),
     ("noise-recipe", 0),
     ("velocity-model", 0),
+    ("keyed-rng", 0),
+    ("durable", 1),
     ("trajectory", 1),
     ("flow-grpo", 1),
+    ("model-weights", 2),
     ("dit-models", 2),
     ("reward", 2),
     ("trainer-fsdp", 3),
@@ -29,6 +32,10 @@ const FORBIDDEN: &[(&str, &str)] = &[
     ("reward", "flow-grpo"),
     ("reward", "sde-math"),
     ("reward", "noise-recipe"),
+    ("model-weights", "trajectory"),
+    ("model-weights", "flow-grpo"),
+    ("model-weights", "sde-math"),
+    ("model-weights", "noise-recipe"),
 ];
 
 #[test]

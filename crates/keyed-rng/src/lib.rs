@@ -1,0 +1,4 @@
+//! # keyed-rng
+//!
+//! (Being written: the workspace's one keyed random generator.)
+#![deny(missing_docs)]
