@@ -27,6 +27,7 @@ use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 use clap::Parser;
+use keyed_rng::SplitMix64;
 use noise_recipe::{NoiseAlgorithm, NoiseRecipe};
 use reward::shapes::{self, Category, RenderOptions, SceneSpec};
 use schedule::SchedulePolicy;
@@ -72,29 +73,11 @@ struct Args {
     seed: u64,
 }
 
-/// SplitMix64: the data order's generator (deterministic, platform-independent).
-struct Mix(u64);
-impl Mix {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
-
 /// A training caption: the scene's prompt, or with probability `p` a corrupted one (a
 /// different scene of the same category that still parses).
-fn caption(spec: &SceneSpec, category: Category, rng: &mut Mix, p: f64) -> String {
-    if rng.unit() < p {
-        SceneSpec::sample(category, rng.next()).prompt()
+fn caption(spec: &SceneSpec, category: Category, rng: &mut SplitMix64, p: f64) -> String {
+    if rng.unit_f64() < p {
+        SceneSpec::sample(category, rng.next_u64()).prompt()
     } else {
         spec.prompt()
     }
@@ -110,7 +93,8 @@ fn main() -> Result<()> {
         .with_weight_decay(0.01)
         .init::<B, ShapesGenerator<B>>();
     let schedule = SchedulePolicy::qwen_image().sample_sigmas(32, 32, 12)?;
-    let mut rng = Mix(args.seed ^ 0x5EED);
+    // SplitMix64: the data order's generator (deterministic, platform-independent)
+    let mut rng = SplitMix64::new(args.seed ^ 0x5EED);
     let noise = NoiseRecipe::new(
         args.seed,
         vec![TOKEN_GRID * TOKEN_GRID, TOKEN_CHANNELS],
@@ -128,12 +112,12 @@ fn main() -> Result<()> {
         let mut images = Vec::with_capacity(args.batch);
         let mut prompts = Vec::with_capacity(args.batch);
         while images.len() < args.batch {
-            let category = Category::ALL[rng.below(Category::ALL.len())];
-            let spec = SceneSpec::sample(category, rng.next());
+            let category = Category::ALL[rng.below_modulo(Category::ALL.len() as u64) as usize];
+            let spec = SceneSpec::sample(category, rng.next_u64());
             if held_out.contains(&spec.prompt()) {
                 continue;
             }
-            images.push(shapes::render(&spec, rng.next(), &RenderOptions::default()).image);
+            images.push(shapes::render(&spec, rng.next_u64(), &RenderOptions::default()).image);
             prompts.push(caption(&spec, category, &mut rng, args.caption_noise));
         }
         let x0 = pack(images_to_tensor::<B>(&images, &dev));
@@ -150,10 +134,10 @@ fn main() -> Result<()> {
         // sigma: logit-normal(0, 1) (SD3), with a fifth drawn uniformly so both ends are seen
         let sig: Vec<f32> = (0..args.batch)
             .map(|_| {
-                if rng.unit() < 0.2 {
-                    rng.unit() as f32
+                if rng.unit_f64() < 0.2 {
+                    rng.unit_f64() as f32
                 } else {
-                    let (u1, u2) = (rng.unit().max(1e-12), rng.unit());
+                    let (u1, u2) = (rng.unit_f64().max(1e-12), rng.unit_f64());
                     let z = (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos();
                     (1.0 / (1.0 + (-z).exp())) as f32
                 }

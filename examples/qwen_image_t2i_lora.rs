@@ -172,11 +172,8 @@ fn main() -> Result<()> {
                 });
                 let table = SweepTable::new(outcomes.clone());
                 let command = std::env::args().collect::<Vec<_>>().join(" ");
-                trajectory::write_atomic(
-                    &table_path,
-                    table.markdown(&command, &machine()).as_bytes(),
-                )
-                .with_context(|| format!("writing {}", table_path.display()))?;
+                durable::write_atomic(&table_path, table.markdown(&command, &machine()).as_bytes())
+                    .with_context(|| format!("writing {}", table_path.display()))?;
                 println!(
                     "seeds so far: gain mean {:+.3}, min {:+.3}, max {:+.3} ({})",
                     table.gain.mean,

@@ -26,108 +26,7 @@ impl fmt::Display for ConfigProblem {
     }
 }
 
-/// A tensor whose stored shape differs from the one the model expects.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ShapeMismatch {
-    /// The checkpoint key.
-    pub key: String,
-    /// The shape the model expects, in the checkpoint's layout (PyTorch `[out, in]` for
-    /// linear weights).
-    pub expected: Vec<usize>,
-    /// The shape found in the file.
-    pub found: Vec<usize>,
-}
-
-/// A tensor stored in a dtype the loader cannot convert to a float.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DtypeProblem {
-    /// The checkpoint key.
-    pub key: String,
-    /// The stored dtype, as safetensors names it.
-    pub dtype: String,
-}
-
-/// Everything that is wrong between a checkpoint and a model, collected before failing.
-///
-/// Loading never stops at the first bad key: every missing, unexpected, mis-shaped and
-/// unconvertible tensor is listed by name.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct WeightReport {
-    /// Keys the model needs that the checkpoint lacks.
-    pub missing: Vec<String>,
-    /// Keys in the checkpoint that the model has no parameter for.
-    pub unexpected: Vec<String>,
-    /// Keys present on both sides with different shapes.
-    pub mismatched: Vec<ShapeMismatch>,
-    /// Keys stored in a dtype that is not a float the loader converts (f64, f32, f16, bf16).
-    pub unsupported_dtype: Vec<DtypeProblem>,
-}
-
-impl WeightReport {
-    /// `true` when nothing is wrong.
-    pub fn is_clean(&self) -> bool {
-        self.missing.is_empty()
-            && self.unexpected.is_empty()
-            && self.mismatched.is_empty()
-            && self.unsupported_dtype.is_empty()
-    }
-
-    pub(crate) fn sort(&mut self) {
-        self.missing.sort();
-        self.unexpected.sort();
-        self.mismatched.sort_by(|a, b| a.key.cmp(&b.key));
-        self.unsupported_dtype.sort_by(|a, b| a.key.cmp(&b.key));
-    }
-}
-
-impl fmt::Display for WeightReport {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut parts = Vec::new();
-        if !self.missing.is_empty() {
-            parts.push(format!(
-                "{} missing: [{}]",
-                self.missing.len(),
-                self.missing.join(", ")
-            ));
-        }
-        if !self.unexpected.is_empty() {
-            parts.push(format!(
-                "{} unexpected: [{}]",
-                self.unexpected.len(),
-                self.unexpected.join(", ")
-            ));
-        }
-        if !self.mismatched.is_empty() {
-            let items: Vec<String> = self
-                .mismatched
-                .iter()
-                .map(|m| format!("{} (expected {:?}, found {:?})", m.key, m.expected, m.found))
-                .collect();
-            parts.push(format!(
-                "{} mis-shaped: [{}]",
-                items.len(),
-                items.join(", ")
-            ));
-        }
-        if !self.unsupported_dtype.is_empty() {
-            let items: Vec<String> = self
-                .unsupported_dtype
-                .iter()
-                .map(|d| format!("{} ({})", d.key, d.dtype))
-                .collect();
-            parts.push(format!(
-                "{} with unsupported dtype: [{}]",
-                items.len(),
-                items.join(", ")
-            ));
-        }
-        if parts.is_empty() {
-            write!(f, "no problems")
-        } else {
-            write!(f, "{}", parts.join("; "))
-        }
-    }
-}
+pub use model_weights::{DtypeProblem, ShapeMismatch, WeightReport};
 
 /// A field where an adapter contract and what is being loaded disagree.
 #[derive(Debug, Clone, PartialEq)]
@@ -246,7 +145,19 @@ pub enum DitError {
         shard: String,
     },
 
-    /// A file could not be read or written.
+    /// A file could not be written durably (staged as `<file>.tmp`, fsynced, renamed into
+    /// place): the destination keeps its previous content, or stays absent.
+    #[error("cannot write {path}: {source}: {}", source.source)]
+    Write {
+        /// The destination file.
+        path: PathBuf,
+        /// The failed step (`create`, `write`, `fsync`, `rename into place`, ...) and the file
+        /// or directory it was done to.
+        #[source]
+        source: durable::DurableError,
+    },
+
+    /// A file could not be read (or a directory created).
     #[error("{path}: {source}")]
     Io {
         /// The file.
@@ -293,6 +204,63 @@ impl DitError {
         DitError::Io {
             path: path.into(),
             source,
+        }
+    }
+
+    /// A durable write of `path` failed.
+    pub(crate) fn write(path: impl Into<PathBuf>, source: durable::DurableError) -> Self {
+        DitError::Write {
+            path: path.into(),
+            source,
+        }
+    }
+}
+
+/// The shared loader's errors, as the variants this crate has always returned (a tensor read
+/// that is absent or not a float is a one-key [`DitError::Weights`] report).
+impl From<model_weights::WeightsError> for DitError {
+    fn from(e: model_weights::WeightsError) -> Self {
+        use model_weights::WeightsError as W;
+        match e {
+            W::Io { path, source } => DitError::Io { path, source },
+            W::Json { path, source } => DitError::Json { path, source },
+            W::JsonField {
+                path,
+                field,
+                expected,
+            } => DitError::JsonField {
+                path,
+                field,
+                expected,
+            },
+            W::Safetensors { path, source } => DitError::Safetensors { path, source },
+            W::NoCheckpoint { dir, .. } => DitError::NoCheckpoint { dir },
+            W::IndexMismatch { path, key, shard } => DitError::IndexMismatch { path, key, shard },
+            W::DuplicateKey {
+                path,
+                key,
+                first,
+                second,
+            } => DitError::IndexMismatch {
+                path,
+                key,
+                shard: format!("{} (also in {})", second.display(), first.display()),
+            },
+            W::MissingTensor { path, key } => DitError::Weights {
+                path,
+                report: WeightReport {
+                    missing: vec![key],
+                    ..WeightReport::default()
+                },
+            },
+            W::UnsupportedDtype { path, key, dtype } => DitError::Weights {
+                path,
+                report: WeightReport {
+                    unsupported_dtype: vec![DtypeProblem { key, dtype }],
+                    ..WeightReport::default()
+                },
+            },
+            W::Weights { path, report } => DitError::Weights { path, report },
         }
     }
 }

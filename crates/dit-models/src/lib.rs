@@ -9,9 +9,10 @@
 //!   text padding mask and the 3-axis RoPE ([`rope`]), GELU-tanh MLPs, `norm_out` + `proj_out`.
 //!   Struct fields mirror the diffusers checkpoint keys; the remaining differences are the one
 //!   table [`model::CHECKPOINT_REMAP`].
-//! * [`weights`]: single-file and sharded diffusers safetensors checkpoints, memory-mapped,
-//!   converted per tensor (bf16 -> f32 on the CPU), every missing / unexpected / mis-shaped key
-//!   reported together; the content hash of the base weights; merged diffusers export.
+//! * [`weights`]: single-file and sharded diffusers safetensors checkpoints through the shared
+//!   loader `model-weights` (memory-mapped, converted per tensor, bf16 -> f32 on the CPU, every
+//!   missing / unexpected / mis-shaped key reported together; the content hash of the base
+//!   weights); merged diffusers export, written durably (no torn file on an interruption).
 //! * [`lora`]: adapters on `Linear` layers selected by module-name suffix, `x·W + s·(x·A)·B`,
 //!   frozen base, per-call disable ([`Adapters`]), merge/unmerge, PEFT directory import and
 //!   export, and the [`AdapterContract`] recorded with every save and checked on load.

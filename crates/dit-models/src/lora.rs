@@ -16,11 +16,13 @@ use burn::tensor::{Distribution, Tensor};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::error::{ConfigProblem, ContractMismatch, DitError, ShapeMismatch, WeightReport};
+use model_weights::transpose;
+
+use crate::error::{ConfigProblem, ContractMismatch, DitError};
 use crate::layers::{Linear, LoraAdapter};
 use crate::model::{LayerMut, LayerRef, QwenImageTransformer2DModel, checkpoint_name};
 use crate::weights::{
-    Checkpoint, WeightDtype, device_tensor, host_f32, set_param, transpose, write_safetensors,
+    Checkpoint, WeightDtype, device_tensor, host_f32, set_param, write_json, write_safetensors,
 };
 
 /// The default LoRA targets: the eight attention projections of each block, image stream
@@ -244,6 +246,10 @@ impl<B: Backend> ModuleVisitor<B> for GradVisitor {
     }
 }
 
+/// An adapter factor to load: its key, its stored shape `[rows, cols]` and the parameter that
+/// holds it transposed, `[cols, rows]`.
+type AdapterSlot<'a, B> = (String, [usize; 2], &'a mut Param<Tensor<B, 2>>);
+
 fn freeze<B: Backend, const D: usize>(p: &mut Param<Tensor<B, D>>) {
     let v = p.val().detach();
     set_param(p, v, false);
@@ -388,6 +394,10 @@ impl<B: Backend> QwenImageTransformer2DModel<B> {
     /// `[d_out, r]`, f32) and `adapter_config.json` — plus `adapter_contract.json`, and
     /// returns the contract. `PeftModel.from_pretrained(QwenImageTransformer2DModel, dir)`
     /// loads it.
+    ///
+    /// Every file is written durably (`<file>.tmp`, fsync, rename, directory fsync): an
+    /// interrupted save leaves no torn file. `adapter_config.json`, the file that makes the
+    /// directory loadable, is written last, after the weights and the contract.
     pub fn save_peft_adapter(
         &mut self,
         dir: impl AsRef<Path>,
@@ -419,11 +429,11 @@ impl<B: Backend> QwenImageTransformer2DModel<B> {
         let mut meta = BTreeMap::new();
         meta.insert("format".to_string(), "pt".to_string());
         write_safetensors(&dir.join(ADAPTER_WEIGHTS_FILE), tensors, &meta)?;
-        write_json(&dir.join(ADAPTER_CONFIG_FILE), &peft_config_json(&config))?;
         write_json(
             &dir.join(CONTRACT_FILE),
             &serde_json::to_value(&contract).expect("json"),
         )?;
+        write_json(&dir.join(ADAPTER_CONFIG_FILE), &peft_config_json(&config))?;
         Ok(contract)
     }
 
@@ -485,77 +495,47 @@ impl<B: Backend> QwenImageTransformer2DModel<B> {
 
     fn load_adapter_tensors(&mut self, checkpoint: &Checkpoint) -> Result<(), DitError> {
         let device = self.img_in.weight.lazy_device();
-        let mut report = WeightReport::default();
-        let mut expected = std::collections::HashSet::new();
+        let ckpt = checkpoint.weights();
         // Keys may carry PEFT's prefix (PeftModel) or diffusers' `transformer.` prefix.
         let prefix = [PEFT_KEY_PREFIX, "transformer.", ""]
             .into_iter()
             .find(|p| {
-                checkpoint
-                    .keys()
+                ckpt.keys()
                     .any(|k| k.starts_with(p) && k.contains(".lora_"))
             })
             .unwrap_or(PEFT_KEY_PREFIX);
+        let mut slots: Vec<AdapterSlot<'_, B>> = Vec::new();
         for (path, layer) in self.layers_mut() {
             let LayerMut::Linear(l) = layer else { continue };
             let (d_in, d_out) = l.dims();
             let Some(a) = l.lora.as_mut() else { continue };
             let name = checkpoint_name(&path);
             let r = a.rank();
-            for (suffix, shape, slot) in [
-                ("lora_A.weight", [r, d_in], &mut a.lora_a),
-                ("lora_B.weight", [d_out, r], &mut a.lora_b),
-            ] {
-                let key = format!("{prefix}{name}.{suffix}");
-                expected.insert(key.clone());
-                let Some(stored) = checkpoint.stored(&key) else {
-                    report.missing.push(key);
-                    continue;
-                };
-                if stored.shape != shape {
-                    report.mismatched.push(ShapeMismatch {
-                        key,
-                        expected: shape.to_vec(),
-                        found: stored.shape,
-                    });
-                    continue;
-                }
-                let Some(values) = checkpoint.read_f32(&key) else {
-                    report.unsupported_dtype.push(crate::error::DtypeProblem {
-                        key,
-                        dtype: stored.dtype,
-                    });
-                    continue;
-                };
-                let t = device_tensor::<B, 2>(
-                    transpose(&values, shape[0], shape[1]),
-                    [shape[1], shape[0]],
-                    WeightDtype::F32,
-                    &device,
-                );
-                set_param(slot, t, true);
-            }
+            slots.push((
+                format!("{prefix}{name}.lora_A.weight"),
+                [r, d_in],
+                &mut a.lora_a,
+            ));
+            slots.push((
+                format!("{prefix}{name}.lora_B.weight"),
+                [d_out, r],
+                &mut a.lora_b,
+            ));
         }
-        report.unexpected = checkpoint
-            .keys()
-            .filter(|k| !expected.contains(*k))
-            .map(str::to_string)
-            .collect();
-        report.sort();
-        if report.is_clean() {
-            Ok(())
-        } else {
-            Err(DitError::Weights {
-                path: checkpoint.path().into(),
-                report,
-            })
+        // Every missing, unexpected, mis-shaped and non-float key, before any is read.
+        ckpt.check(slots.iter().map(|(k, s, _)| (k, s)), &[])?;
+        for (key, [rows, cols], slot) in slots {
+            let values = ckpt.read_f32(&key)?;
+            let t = device_tensor::<B, 2>(
+                transpose(&values, rows, cols),
+                [cols, rows],
+                WeightDtype::F32,
+                &device,
+            );
+            set_param(slot, t, true);
         }
+        Ok(())
     }
-}
-
-fn write_json(path: &Path, v: &Value) -> Result<(), DitError> {
-    let text = serde_json::to_string_pretty(v).expect("json") + "\n";
-    std::fs::write(path, text).map_err(|e| DitError::io(path, e))
 }
 
 /// The `adapter_config.json` PEFT writes for a plain LoRA (the fields PEFT 0.21 reads; the

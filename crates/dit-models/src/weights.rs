@@ -1,27 +1,29 @@
-//! Weight IO: memory-mapped diffusers safetensors checkpoints (single-file and sharded),
-//! dtype conversion, the base-model hash, and a streaming safetensors writer. The one place
-//! this crate touches files of tensors.
+//! Weight IO: diffusers safetensors checkpoints (single-file and sharded) read through the
+//! shared loader [`model_weights`] (memory-mapped, one tensor at a time, every problem
+//! reported together, the base-model hash), dtype conversion to the device, and a streaming
+//! safetensors writer whose files are written durably ([`durable`]). The one place this crate
+//! touches files of tensors.
 
-use std::collections::{BTreeMap, HashMap};
-use std::fs::File;
-use std::io::{BufWriter, Write};
-use std::path::{Path, PathBuf};
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::Path;
 
 use burn::module::{Param, ParamId};
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Tensor, TensorData};
-use memmap2::Mmap;
-use safetensors::tensor::{Dtype, Metadata, TensorInfo};
-use sha2::{Digest, Sha256};
+use model_weights::{ContentHasher, DIFFUSERS};
 
-use crate::error::{DitError, DtypeProblem, ShapeMismatch, WeightReport};
+use crate::error::DitError;
 use crate::model::{LayerMut, LayerRef, QwenImageTransformer2DModel, checkpoint_name};
 use crate::{QwenImageConfig, layers::Linear};
 
+use model_weights::transpose;
+pub use model_weights::{hash_tensors, tensor_digest};
+
 /// File name of a single-file diffusers checkpoint.
-pub const SINGLE_FILE: &str = "diffusion_pytorch_model.safetensors";
+pub const SINGLE_FILE: &str = DIFFUSERS.single;
 /// File name of a sharded diffusers checkpoint's index.
-pub const INDEX_FILE: &str = "diffusion_pytorch_model.safetensors.index.json";
+pub const INDEX_FILE: &str = DIFFUSERS.index;
 /// File name of a diffusers model configuration.
 pub const CONFIG_FILE: &str = "config.json";
 
@@ -57,20 +59,15 @@ impl Default for LoadOptions {
     }
 }
 
-struct Shard {
-    path: PathBuf,
-    mmap: Mmap,
-    data_start: usize,
-    tensors: HashMap<String, TensorInfo>,
-}
-
 /// A memory-mapped diffusers checkpoint: one `.safetensors` file or the shards named by a
 /// `diffusion_pytorch_model.safetensors.index.json`. Tensors are read (and converted) one at
 /// a time from the mapping; nothing is copied up front.
+///
+/// A thin wrapper of the shared [`model_weights::Checkpoint`] ([`Checkpoint::weights`]) with
+/// diffusers' file names and this crate's error type.
+#[derive(Debug)]
 pub struct Checkpoint {
-    path: PathBuf,
-    shards: Vec<Shard>,
-    keys: BTreeMap<String, usize>,
+    inner: model_weights::Checkpoint,
 }
 
 /// Name and shape of a stored tensor.
@@ -82,248 +79,58 @@ pub struct StoredTensor {
     pub shape: Vec<usize>,
 }
 
-fn open_shard(path: &Path) -> Result<Shard, DitError> {
-    let file = File::open(path).map_err(|e| DitError::io(path, e))?;
-    // SAFETY: the mapping is read-only and lives as long as `Shard`; a checkpoint modified
-    // by another process while mapped is outside what any safetensors reader can guard.
-    #[allow(unsafe_code)]
-    let mmap = unsafe { Mmap::map(&file) }.map_err(|e| DitError::io(path, e))?;
-    let (n, meta): (usize, Metadata) =
-        safetensors::SafeTensors::read_metadata(&mmap).map_err(|source| DitError::Safetensors {
-            path: path.into(),
-            source,
-        })?;
-    let tensors = meta
-        .tensors()
-        .into_iter()
-        .map(|(k, info)| (k, info.clone()))
-        .collect();
-    Ok(Shard {
-        path: path.into(),
-        mmap,
-        data_start: 8 + n,
-        tensors,
-    })
-}
-
-fn read_json(path: &Path) -> Result<serde_json::Value, DitError> {
-    let text = std::fs::read_to_string(path).map_err(|e| DitError::io(path, e))?;
-    serde_json::from_str(&text).map_err(|source| DitError::Json {
-        path: path.into(),
-        source,
-    })
-}
-
 impl Checkpoint {
     /// Opens a checkpoint: a `.safetensors` file, or a directory holding either
     /// `diffusion_pytorch_model.safetensors.index.json` (sharded) or
     /// `diffusion_pytorch_model.safetensors`.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, DitError> {
-        let path = path.as_ref();
-        if path.is_file() {
-            return Self::from_shards(path, vec![open_shard(path)?], None);
-        }
-        let index = path.join(INDEX_FILE);
-        if index.is_file() {
-            return Self::open_index(&index);
-        }
-        let single = path.join(SINGLE_FILE);
-        if single.is_file() {
-            return Self::from_shards(path, vec![open_shard(&single)?], None);
-        }
-        Err(DitError::NoCheckpoint { dir: path.into() })
+        Ok(model_weights::Checkpoint::open(path, &[DIFFUSERS])?.into())
     }
 
     /// Opens a sharded checkpoint from its index file.
     pub fn open_index(index: &Path) -> Result<Self, DitError> {
-        let v = read_json(index)?;
-        let map = v
-            .get("weight_map")
-            .and_then(|m| m.as_object())
-            .ok_or_else(|| DitError::JsonField {
-                path: index.into(),
-                field: "weight_map",
-                expected: "an object of tensor name -> shard file",
-            })?;
-        let dir = index.parent().unwrap_or(Path::new("."));
-        let mut files: Vec<String> = Vec::new();
-        let mut wanted: Vec<(String, String)> = Vec::new();
-        for (k, f) in map {
-            let f = f.as_str().ok_or_else(|| DitError::JsonField {
-                path: index.into(),
-                field: "weight_map",
-                expected: "shard file names as strings",
-            })?;
-            if !files.iter().any(|x| x == f) {
-                files.push(f.to_string());
-            }
-            wanted.push((k.clone(), f.to_string()));
-        }
-        files.sort();
-        let shards = files
-            .iter()
-            .map(|f| open_shard(&dir.join(f)))
-            .collect::<Result<Vec<_>, _>>()?;
-        let by_file: HashMap<&str, usize> = files
-            .iter()
-            .enumerate()
-            .map(|(i, f)| (f.as_str(), i))
-            .collect();
-        for (k, f) in &wanted {
-            if !shards[by_file[f.as_str()]].tensors.contains_key(k) {
-                return Err(DitError::IndexMismatch {
-                    path: index.into(),
-                    key: k.clone(),
-                    shard: f.clone(),
-                });
-            }
-        }
-        Self::from_shards(dir, shards, Some(index))
+        Ok(model_weights::Checkpoint::open_index(index)?.into())
     }
 
-    fn from_shards(
-        path: &Path,
-        shards: Vec<Shard>,
-        index: Option<&Path>,
-    ) -> Result<Self, DitError> {
-        let mut keys = BTreeMap::new();
-        for (i, s) in shards.iter().enumerate() {
-            for k in s.tensors.keys() {
-                if let Some(prev) = keys.insert(k.clone(), i) {
-                    return Err(DitError::IndexMismatch {
-                        path: index.unwrap_or(path).into(),
-                        key: k.clone(),
-                        shard: format!(
-                            "{} (also in {})",
-                            s.path.display(),
-                            shards[prev].path.display()
-                        ),
-                    });
-                }
-            }
-        }
-        Ok(Self {
-            path: path.into(),
-            shards,
-            keys,
-        })
+    /// The shared loader's checkpoint underneath (dtypes, raw bytes, file metadata, reports).
+    pub fn weights(&self) -> &model_weights::Checkpoint {
+        &self.inner
     }
 
     /// The file or directory it was opened from.
     pub fn path(&self) -> &Path {
-        &self.path
+        self.inner.path()
     }
 
     /// Number of shard files (1 for a single file).
     pub fn num_shards(&self) -> usize {
-        self.shards.len()
+        self.inner.num_shards()
     }
 
     /// All tensor names, sorted.
     pub fn keys(&self) -> impl Iterator<Item = &str> {
-        self.keys.keys().map(String::as_str)
+        self.inner.keys()
     }
 
     /// Dtype and shape of a tensor, if present.
     pub fn stored(&self, key: &str) -> Option<StoredTensor> {
-        self.info(key).map(|i| StoredTensor {
-            dtype: format!("{:?}", i.dtype),
-            shape: i.shape.clone(),
+        self.inner.meta(key).map(|m| StoredTensor {
+            dtype: m.dtype_name(),
+            shape: m.shape.to_vec(),
         })
-    }
-
-    fn info(&self, key: &str) -> Option<&TensorInfo> {
-        self.keys.get(key).map(|i| &self.shards[*i].tensors[key])
-    }
-
-    fn bytes(&self, key: &str) -> Option<(&TensorInfo, &[u8])> {
-        let shard = &self.shards[*self.keys.get(key)?];
-        let info = &shard.tensors[key];
-        let (a, b) = info.data_offsets;
-        Some((
-            info,
-            &shard.mmap[shard.data_start + a..shard.data_start + b],
-        ))
     }
 
     /// A tensor's values converted to `f32` (from f64, f32, f16 or bf16), row-major in the
     /// stored shape; `None` if absent or of another dtype.
     pub fn read_f32(&self, key: &str) -> Option<Vec<f32>> {
-        let (info, bytes) = self.bytes(key)?;
-        to_f32(info.dtype, bytes)
+        self.inner.read_f32(key).ok()
     }
 }
 
-fn supported(dtype: Dtype) -> bool {
-    matches!(dtype, Dtype::F64 | Dtype::F32 | Dtype::F16 | Dtype::BF16)
-}
-
-fn to_f32(dtype: Dtype, bytes: &[u8]) -> Option<Vec<f32>> {
-    Some(match dtype {
-        Dtype::F32 => bytes
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect(),
-        Dtype::BF16 => bytes
-            .chunks_exact(2)
-            .map(|c| half::bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
-            .collect(),
-        Dtype::F16 => bytes
-            .chunks_exact(2)
-            .map(|c| half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
-            .collect(),
-        Dtype::F64 => bytes
-            .chunks_exact(8)
-            .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")) as f32)
-            .collect(),
-        _ => return None,
-    })
-}
-
-/// Row-major `[rows, cols]` to `[cols, rows]`.
-pub(crate) fn transpose(values: &[f32], rows: usize, cols: usize) -> Vec<f32> {
-    let mut out = vec![0.0f32; values.len()];
-    for r in 0..rows {
-        for c in 0..cols {
-            out[c * rows + r] = values[r * cols + c];
-        }
+impl From<model_weights::Checkpoint> for Checkpoint {
+    fn from(inner: model_weights::Checkpoint) -> Self {
+        Self { inner }
     }
-    out
-}
-
-/// The digest of one tensor for [`hash_tensors`]: sha256 over the key's bytes, a `0` byte, the
-/// shape as little-endian `u64`s (count first) and the values as little-endian `f32`, in the
-/// checkpoint's layout (PyTorch `[out, in]` for linear weights).
-pub fn tensor_digest(key: &str, shape: &[usize], values: &[f32]) -> [u8; 32] {
-    let mut h = Sha256::new();
-    h.update(key.as_bytes());
-    h.update([0u8]);
-    h.update((shape.len() as u64).to_le_bytes());
-    for d in shape {
-        h.update((*d as u64).to_le_bytes());
-    }
-    for v in values {
-        h.update(v.to_le_bytes());
-    }
-    h.finalize().into()
-}
-
-/// The base-model hash: `"sha256:" + hex(sha256(digest_1 || digest_2 || ...))` over the
-/// [`tensor_digest`]s sorted by key. It depends on the weights' values (as `f32`), names and
-/// shapes only — the same for a single-file and a sharded copy, and for f32 and bf16 files
-/// holding the same (bf16-representable) numbers.
-pub fn hash_tensors(mut digests: Vec<(String, [u8; 32])>) -> String {
-    digests.sort_by(|a, b| a.0.cmp(&b.0));
-    let mut h = Sha256::new();
-    for (_, d) in &digests {
-        h.update(d);
-    }
-    let out: [u8; 32] = h.finalize().into();
-    format!("sha256:{}", hex(&out))
-}
-
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Makes a device tensor from host values in the requested dtype.
@@ -363,6 +170,8 @@ pub(crate) fn set_param<B: Backend, const D: usize>(
 /// One parameter slot the loader fills.
 struct Slot<'a, B: Backend> {
     key: String,
+    /// The shape in the checkpoint's layout.
+    shape: Vec<usize>,
     kind: SlotKind<'a, B>,
 }
 
@@ -372,16 +181,27 @@ enum SlotKind<'a, B: Backend> {
     Vector(&'a mut Param<Tensor<B, 1>>),
 }
 
+fn matrix_slot<'a, B: Backend>(key: String, p: &'a mut Param<Tensor<B, 2>>) -> Slot<'a, B> {
+    let [i, o] = p.lazy_shape().dims::<2>();
+    Slot {
+        key,
+        shape: vec![o, i],
+        kind: SlotKind::Matrix(p),
+    }
+}
+
+fn vector_slot<'a, B: Backend>(key: String, p: &'a mut Param<Tensor<B, 1>>) -> Slot<'a, B> {
+    Slot {
+        key,
+        shape: p.lazy_shape().to_vec(),
+        kind: SlotKind::Vector(p),
+    }
+}
+
 fn linear_slots<'a, B: Backend>(name: &str, l: &'a mut Linear<B>, out: &mut Vec<Slot<'a, B>>) {
-    out.push(Slot {
-        key: format!("{name}.weight"),
-        kind: SlotKind::Matrix(&mut l.weight),
-    });
+    out.push(matrix_slot(format!("{name}.weight"), &mut l.weight));
     if let Some(b) = l.bias.as_mut() {
-        out.push(Slot {
-            key: format!("{name}.bias"),
-            kind: SlotKind::Vector(b),
-        });
+        out.push(vector_slot(format!("{name}.bias"), b));
     }
 }
 
@@ -413,58 +233,28 @@ impl<B: Backend> QwenImageTransformer2DModel<B> {
         options: LoadOptions,
     ) -> Result<Self, DitError> {
         let device = self.img_in.weight.lazy_device();
-        let mut report = WeightReport::default();
-        let mut digests = Vec::new();
+        let ckpt = checkpoint.weights();
         let mut slots = Vec::new();
         for (path, layer) in self.layers_mut() {
             let name = checkpoint_name(&path);
             match layer {
                 LayerMut::Linear(l) => linear_slots(&name, l, &mut slots),
-                LayerMut::Norm(n) => slots.push(Slot {
-                    key: format!("{name}.weight"),
-                    kind: SlotKind::Vector(&mut n.weight),
-                }),
+                LayerMut::Norm(n) => {
+                    slots.push(vector_slot(format!("{name}.weight"), &mut n.weight))
+                }
             }
         }
-        let mut expected = std::collections::HashSet::new();
+        // Every problem, from the headers alone, before any tensor is read.
+        ckpt.check(slots.iter().map(|s| (&s.key, &s.shape)), &[])?;
+        let mut hasher = options.hash.then(ContentHasher::new);
         for slot in slots {
-            expected.insert(slot.key.clone());
-            let want: Vec<usize> = match &slot.kind {
-                SlotKind::Matrix(p) => {
-                    let d = p.lazy_shape().dims::<2>();
-                    vec![d[1], d[0]]
-                }
-                SlotKind::Vector(p) => p.lazy_shape().to_vec(),
-            };
-            let Some((info, bytes)) = checkpoint.bytes(&slot.key) else {
-                report.missing.push(slot.key);
-                continue;
-            };
-            if !supported(info.dtype) {
-                report.unsupported_dtype.push(DtypeProblem {
-                    key: slot.key,
-                    dtype: format!("{:?}", info.dtype),
-                });
-                continue;
-            }
-            if info.shape != want {
-                report.mismatched.push(ShapeMismatch {
-                    key: slot.key,
-                    expected: want,
-                    found: info.shape.clone(),
-                });
-                continue;
-            }
-            if !report.is_clean() {
-                continue; // keep checking, stop converting
-            }
-            let values = to_f32(info.dtype, bytes).expect("supported dtype");
-            if options.hash {
-                digests.push((slot.key.clone(), tensor_digest(&slot.key, &want, &values)));
+            let values = ckpt.read_f32(&slot.key)?;
+            if let Some(h) = hasher.as_mut() {
+                h.add(&slot.key, &slot.shape, &values);
             }
             match slot.kind {
                 SlotKind::Matrix(p) => {
-                    let (o, i) = (want[0], want[1]);
+                    let (o, i) = (slot.shape[0], slot.shape[1]);
                     let t = device_tensor::<B, 2>(
                         transpose(&values, o, i),
                         [i, o],
@@ -474,24 +264,12 @@ impl<B: Backend> QwenImageTransformer2DModel<B> {
                     set_param(p, t, true);
                 }
                 SlotKind::Vector(p) => {
-                    let t = device_tensor::<B, 1>(values, [want[0]], options.dtype, &device);
+                    let t = device_tensor::<B, 1>(values, [slot.shape[0]], options.dtype, &device);
                     set_param(p, t, true);
                 }
             }
         }
-        report.unexpected = checkpoint
-            .keys()
-            .filter(|k| !expected.contains(*k))
-            .map(str::to_string)
-            .collect();
-        report.sort();
-        if !report.is_clean() {
-            return Err(DitError::Weights {
-                path: checkpoint.path().into(),
-                report,
-            });
-        }
-        self.base_model_hash = options.hash.then(|| hash_tensors(digests));
+        self.base_model_hash = hasher.map(ContentHasher::finish);
         Ok(self)
     }
 
@@ -503,12 +281,11 @@ impl<B: Backend> QwenImageTransformer2DModel<B> {
     /// Computes the base-model hash from the weights in memory ([`hash_tensors`]), records it
     /// and returns it. Refused while adapters are merged into the base weights.
     pub fn compute_base_model_hash(&mut self) -> Result<String, DitError> {
-        let mut digests = Vec::new();
+        let mut hasher = ContentHasher::new();
         for e in self.base_entries(false)? {
-            let values = (e.values)();
-            digests.push((e.key.clone(), tensor_digest(&e.key, &e.shape, &values)));
+            hasher.add(&e.key, &e.shape, &(e.values)());
         }
-        let h = hash_tensors(digests);
+        let h = hasher.finish();
         self.base_model_hash = Some(h.clone());
         Ok(h)
     }
@@ -565,6 +342,11 @@ impl<B: Backend> QwenImageTransformer2DModel<B> {
     /// diffusers' `QwenImageTransformer2DModel.from_pretrained` and by
     /// [`QwenImageTransformer2DModel::from_pretrained`]. Tensors are read from the device and
     /// written one at a time. The model itself is not changed.
+    ///
+    /// Every file is written durably (`<file>.tmp`, fsync, rename, directory fsync): an
+    /// interrupted export leaves no torn file. The weights are written first, then the index,
+    /// then `config.json`, so a directory an export was writing into for the first time holds
+    /// a `config.json` only once the export is complete.
     pub fn save_merged_diffusers(
         &self,
         dir: impl AsRef<Path>,
@@ -572,50 +354,50 @@ impl<B: Backend> QwenImageTransformer2DModel<B> {
     ) -> Result<(), DitError> {
         let dir = dir.as_ref();
         std::fs::create_dir_all(dir).map_err(|e| DitError::io(dir, e))?;
-        let cfg = dir.join(CONFIG_FILE);
-        let text = serde_json::to_string_pretty(&self.config().to_diffusers_json()).expect("json");
-        std::fs::write(&cfg, text + "\n").map_err(|e| DitError::io(&cfg, e))?;
         let mut entries = self.base_entries(true)?;
         entries.sort_by(|a, b| a.key.cmp(&b.key));
         let mut meta = BTreeMap::new();
         meta.insert("format".to_string(), "pt".to_string());
         let width = options.dtype.bytes();
-        let Some(max) = options.max_shard_bytes else {
-            return write_entries(&dir.join(SINGLE_FILE), &entries, options.dtype, &meta);
-        };
-        // diffusers' rule: a tensor starts a new shard when it would overflow the current one.
-        let mut shards: Vec<Vec<&TensorEntry<'_>>> = vec![Vec::new()];
-        let mut size = 0u64;
-        for e in &entries {
-            let bytes = (e.shape.iter().product::<usize>() * width) as u64;
-            if size > 0 && size + bytes > max {
-                shards.push(Vec::new());
-                size = 0;
+        if let Some(max) = options.max_shard_bytes {
+            // diffusers' rule: a tensor starts a new shard when it would overflow the current one.
+            let mut shards: Vec<Vec<&TensorEntry<'_>>> = vec![Vec::new()];
+            let mut size = 0u64;
+            for e in &entries {
+                let bytes = (e.shape.iter().product::<usize>() * width) as u64;
+                if size > 0 && size + bytes > max {
+                    shards.push(Vec::new());
+                    size = 0;
+                }
+                shards.last_mut().expect("shard").push(e);
+                size += bytes;
             }
-            shards.last_mut().expect("shard").push(e);
-            size += bytes;
-        }
-        let n = shards.len();
-        let mut weight_map = serde_json::Map::new();
-        let mut total = 0usize;
-        for (i, shard) in shards.iter().enumerate() {
-            let file = format!("diffusion_pytorch_model-{:05}-of-{n:05}.safetensors", i + 1);
-            for e in shard {
-                weight_map.insert(e.key.clone(), file.clone().into());
-                total += e.shape.iter().product::<usize>() * width;
+            let n = shards.len();
+            let mut weight_map = serde_json::Map::new();
+            let mut total = 0usize;
+            for (i, shard) in shards.iter().enumerate() {
+                let file = format!("diffusion_pytorch_model-{:05}-of-{n:05}.safetensors", i + 1);
+                for e in shard {
+                    weight_map.insert(e.key.clone(), file.clone().into());
+                    total += e.shape.iter().product::<usize>() * width;
+                }
+                write_entry_refs(&dir.join(&file), shard, options.dtype, &meta)?;
             }
-            let owned: Vec<&TensorEntry<'_>> = shard.clone();
-            write_entry_refs(&dir.join(&file), &owned, options.dtype, &meta)?;
+            let index =
+                serde_json::json!({"metadata": {"total_size": total}, "weight_map": weight_map});
+            write_json(&dir.join(INDEX_FILE), &index)?;
+        } else {
+            write_entries(&dir.join(SINGLE_FILE), &entries, options.dtype, &meta)?;
         }
-        let index =
-            serde_json::json!({"metadata": {"total_size": total}, "weight_map": weight_map});
-        let path = dir.join(INDEX_FILE);
-        std::fs::write(
-            &path,
-            serde_json::to_string_pretty(&index).expect("json") + "\n",
-        )
-        .map_err(|e| DitError::io(&path, e))
+        write_json(&dir.join(CONFIG_FILE), &self.config().to_diffusers_json())
     }
+}
+
+/// Writes `value` as pretty JSON plus a newline, durably ([`durable::write_atomic`]).
+pub(crate) fn write_json(path: &Path, value: &serde_json::Value) -> Result<(), DitError> {
+    let text = serde_json::to_string_pretty(value).expect("json") + "\n";
+    durable::write_atomic(path, text.as_bytes()).map_err(|e| DitError::write(path, e))?;
+    Ok(())
 }
 
 /// One tensor to write: its key, its shape and a producer of its `f32` values, row-major.
@@ -720,9 +502,20 @@ fn write_entry_refs(
     while !h.len().is_multiple_of(8) {
         h.push(b' ');
     }
-    let io = |e| DitError::io(path, e);
-    let file = File::create(path).map_err(io)?;
-    let mut w = BufWriter::new(file);
+    // Written to `<path>.tmp` and renamed into place by `commit`; dropped on an error (or a
+    // panic of a producer) before that, it removes the temporary file and `path` is untouched.
+    let mut w = durable::AtomicFile::create(path).map_err(|e| DitError::write(path, e))?;
+    let tmp = durable::tmp_path(path);
+    let io = |source| {
+        DitError::write(
+            path,
+            durable::DurableError {
+                path: tmp.clone(),
+                op: "write",
+                source,
+            },
+        )
+    };
     w.write_all(&(h.len() as u64).to_le_bytes()).map_err(io)?;
     w.write_all(&h).map_err(io)?;
     for e in entries {
@@ -743,5 +536,80 @@ fn write_entry_refs(
             .map_err(io)?;
         }
     }
-    w.flush().map_err(io)
+    w.commit().map_err(|e| DitError::write(path, e))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(key: &str, values: Vec<f32>) -> TensorEntry<'static> {
+        TensorEntry {
+            key: key.into(),
+            shape: vec![values.len()],
+            values: Box::new(move || values.clone()),
+        }
+    }
+
+    /// A producer that panics half-way (a device error while exporting): the previous file is
+    /// intact and no temporary file is left.
+    #[test]
+    fn an_interrupted_write_leaves_the_previous_file_and_no_tmp() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(SINGLE_FILE);
+        let meta = BTreeMap::new();
+        write_entries(
+            &path,
+            &[entry("a", vec![1.0, 2.0])],
+            ExportDtype::F32,
+            &meta,
+        )
+        .unwrap();
+        let before = std::fs::read(&path).unwrap();
+        let entries = vec![
+            entry("a", vec![3.0, 4.0]),
+            TensorEntry {
+                key: "b".into(),
+                shape: vec![1],
+                values: Box::new(|| panic!("device lost")),
+            },
+        ];
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            write_entries(&path, &entries, ExportDtype::F32, &meta)
+        }));
+        assert!(r.is_err());
+        assert_eq!(std::fs::read(&path).unwrap(), before);
+        assert!(!durable::tmp_path(&path).exists());
+        let c = Checkpoint::open(&path).unwrap();
+        assert_eq!(c.read_f32("a").unwrap(), [1.0, 2.0]);
+    }
+
+    #[test]
+    fn a_failed_write_names_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("adapter_model.safetensors");
+        // the temporary file cannot be created: a directory is in its way
+        std::fs::create_dir(durable::tmp_path(&path)).unwrap();
+        let err = write_safetensors(
+            &path,
+            vec![("a".into(), vec![1], vec![0.5])],
+            &BTreeMap::new(),
+        )
+        .unwrap_err();
+        match &err {
+            DitError::Write { path: p, source } => {
+                assert_eq!(p, &path);
+                assert_eq!(source.op, "create");
+            }
+            other => panic!("{other}"),
+        }
+        assert!(
+            err.to_string().contains("adapter_model.safetensors"),
+            "{err}"
+        );
+        assert!(!path.exists());
+        let err = write_json(&path, &serde_json::json!({})).unwrap_err();
+        assert!(matches!(err, DitError::Write { .. }), "{err}");
+    }
 }

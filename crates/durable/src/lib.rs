@@ -228,21 +228,22 @@ impl AtomicFile {
     /// Flushes and fsyncs the temporary file, keeping it staged.
     fn finish_staged(mut self) -> Result<Staged, DurableError> {
         let out = self.out.take().expect("an open file");
-        let f = out
-            .into_inner()
-            .map_err(|e| DurableError {
-                path: self.tmp.clone(),
-                op: "write",
-                source: e.into_error(),
-            })?;
-        f.sync_all().map_err(err(&self.tmp, "fsync"))?;
-        drop(f);
-        Ok(Staged {
+        // from here the `Staged` owns the temporary file: on a failed flush or fsync it is
+        // dropped (after the file is closed) and removes it
+        let staged = Staged {
             tmp: std::mem::take(&mut self.tmp),
             dest: std::mem::take(&mut self.dest),
             len: self.len,
             committed: false,
-        })
+        };
+        let f = out.into_inner().map_err(|e| DurableError {
+            path: staged.tmp.clone(),
+            op: "write",
+            source: e.into_error(),
+        })?;
+        f.sync_all().map_err(err(&staged.tmp, "fsync"))?;
+        drop(f);
+        Ok(staged)
     }
 
     /// Flushes, fsyncs and renames the file into place, then fsyncs the directory.

@@ -57,14 +57,8 @@ impl<B: Backend> TinyVelocity<B> {
 
 /// Seeded host normals (Box-Muller over SplitMix64).
 fn normals<B: Backend>(seed: u64, shape: [usize; 3], dev: &B::Device) -> Tensor<B, 3> {
-    let mut state = seed;
-    let mut next = || {
-        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64 + 1e-12
-    };
+    let mut rng = keyed_rng::SplitMix64::new(seed);
+    let mut next = || rng.unit_f64() + 1e-12;
     let n: usize = shape.iter().product();
     let v: Vec<f32> = (0..n)
         .map(|_| ((-2.0 * next().ln()).sqrt() * (std::f64::consts::TAU * next()).cos()) as f32)

@@ -6,7 +6,7 @@
 //!
 //! * [`NoiseRecipe`]: per-sample group ids, latent shape and base seed. Every engine
 //!   regenerates x_T on the CPU in `f32` with one seeded generator per group (PCG-XSL-RR 128/64
-//!   from `rand_pcg`, keyed by SplitMix64), then moves it to its device
+//!   keyed by SplitMix64, `keyed_rng::PcgStream::keyed`), then moves it to its device
 //!   ([`HostLatents::to_tensor`]). A sample's bits depend on its own group id only, never on the
 //!   batch it is in. [`resolve_initial_noise`]: shipped `initial_latents` win over the recipe.
 //! * [`StepNoise`]: engine-local per-step noise by default, or request-local, sample-unique

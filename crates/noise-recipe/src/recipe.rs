@@ -1,9 +1,10 @@
 //! The initial-noise (x_T) recipe: what the driver ships instead of a tensor.
 
 use burn::tensor::{Tensor, TensorData, backend::Backend};
+use keyed_rng::{PcgStream, fnv1a64};
 
 use crate::error::NoiseError;
-use crate::native::{self, fnv1a64};
+use crate::native;
 use crate::sample_id::SampleId;
 use crate::torch::{TorchCpuKernel, TorchGenerator};
 
@@ -196,7 +197,7 @@ impl NoiseRecipe {
         let numel: usize = self.latent_shape.iter().product();
         match self.algorithm {
             NoiseAlgorithm::Pcg64BoxMuller => {
-                let mut rng = native::generator(DOMAIN, &[self.base_seed, group_id]);
+                let mut rng = PcgStream::keyed(DOMAIN, &[self.base_seed, group_id]);
                 let mut out = vec![0.0f32; numel];
                 native::fill_normals(&mut rng, &mut out);
                 out

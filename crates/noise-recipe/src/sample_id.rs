@@ -3,10 +3,10 @@
 use std::fmt;
 use std::str::FromStr;
 
+use keyed_rng::fnv1a64;
 use serde::{Deserialize, Serialize};
 
 use crate::error::NoiseError;
-use crate::native::fnv1a64;
 
 /// How a candidate's stable id is built (seed 002's `sample_id_mode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -2,8 +2,10 @@
 
 use std::collections::HashMap;
 
+use keyed_rng::{PcgStream, fnv1a64, splitmix64};
+
 use crate::error::NoiseError;
-use crate::native::{self, fnv1a64};
+use crate::native;
 use crate::sample_id::SampleId;
 
 const DOMAIN_SEED: u64 = fnv1a64(b"flowrl/noise-recipe/denoise-seed/v1");
@@ -82,8 +84,8 @@ impl DenoiseSeeds {
         let seeds = samples
             .iter()
             .map(|id| {
-                let h = native::splitmix64(DOMAIN_SEED ^ base_seed);
-                native::splitmix64(h ^ id.noise_key())
+                let h = splitmix64(DOMAIN_SEED ^ base_seed);
+                splitmix64(h ^ id.noise_key())
             })
             .collect();
         Self::new(seeds)
@@ -101,7 +103,7 @@ impl DenoiseSeeds {
     /// If `sample` is not below the number of seeds.
     pub fn noise(&self, sample: usize, step: usize, latent_shape: &[usize]) -> Vec<f32> {
         let numel: usize = latent_shape.iter().product();
-        let mut rng = native::generator(DOMAIN_STEP, &[self.0[sample], step as u64]);
+        let mut rng = PcgStream::keyed(DOMAIN_STEP, &[self.0[sample], step as u64]);
         let mut out = vec![0.0f32; numel];
         native::fill_normals(&mut rng, &mut out);
         out

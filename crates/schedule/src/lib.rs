@@ -21,7 +21,7 @@
 //!   (`sigma = 1` under Flow-SDE) on every route, all problems at once, and flag a trained last
 //!   step.
 //!
-//! Determinism of random plans: draws come from PCG-XSL-RR 128/64 (`rand_pcg`) keyed by
+//! Determinism of random plans: draws come from PCG-XSL-RR 128/64 (`keyed_rng`) keyed by
 //! SplitMix64 over integer keys (rollout id, seed, sample key): integer arithmetic only, so the
 //! same on every platform. They are deliberately not numpy's `default_rng` bits.
 //!

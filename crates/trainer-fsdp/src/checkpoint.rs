@@ -31,7 +31,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::fs::{self, File};
+use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -267,16 +267,6 @@ impl fmt::Debug for CheckpointStore {
     }
 }
 
-fn sync_dir(dir: &Path) -> Result<(), TrainerError> {
-    #[cfg(unix)]
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io_err(dir, "fsync directory"))?;
-    #[cfg(not(unix))]
-    let _ = dir;
-    Ok(())
-}
-
 fn hash(bytes: &[u8]) -> String {
     format!("{:032x}", xxhash_rust::xxh3::xxh3_128(bytes))
 }
@@ -425,7 +415,7 @@ impl CheckpointStore {
         bytes: &[u8],
         files: &mut Vec<CommittedFile>,
     ) -> Result<(), TrainerError> {
-        trajectory::write_atomic(&dir.join(name), bytes)?;
+        durable::write_atomic(&dir.join(name), bytes)?;
         files.push(CommittedFile {
             name: name.into(),
             bytes: bytes.len() as u64,
@@ -439,7 +429,7 @@ impl CheckpointStore {
         let marker = dir.join(COMMITTED_FILE);
         if marker.exists() {
             fs::remove_file(&marker).map_err(io_err(&marker, "remove"))?;
-            sync_dir(dir)?;
+            durable::sync_dir(dir)?;
         }
         fs::remove_dir_all(dir).map_err(io_err(dir, "remove checkpoint"))?;
         Ok(())
@@ -515,7 +505,7 @@ impl CheckpointStore {
             self.remove_checkpoint(&dir)?;
         }
         fs::create_dir_all(&dir).map_err(io_err(&dir, "create checkpoint directory"))?;
-        sync_dir(&self.task_dir())?;
+        durable::sync_dir(&self.task_dir())?;
         self.phase(iteration, WritePhase::Started);
 
         let mut files = Vec::new();
@@ -544,12 +534,12 @@ impl CheckpointStore {
                 what: "the commit manifest",
                 source,
             })?;
-        trajectory::write_atomic(&dir.join(COMMITTED_FILE), manifest.as_bytes())?;
+        durable::write_atomic(&dir.join(COMMITTED_FILE), manifest.as_bytes())?;
         self.phase(iteration, WritePhase::Committed);
 
         let marker = format!("{iteration}\n");
-        trajectory::write_atomic(&self.task_dir().join(LATEST_FILE), marker.as_bytes())?;
-        trajectory::write_atomic(&self.root.join(LATEST_FILE), marker.as_bytes())?;
+        durable::write_atomic(&self.task_dir().join(LATEST_FILE), marker.as_bytes())?;
+        durable::write_atomic(&self.root.join(LATEST_FILE), marker.as_bytes())?;
         self.phase(iteration, WritePhase::LatestMarker);
 
         let (rotated, removed_partial) = self.rotate()?;
@@ -583,7 +573,7 @@ impl CheckpointStore {
             }
         }
         if !partial.is_empty() || !rotated.is_empty() {
-            sync_dir(&self.task_dir())?;
+            durable::sync_dir(&self.task_dir())?;
         }
         Ok((rotated, partial))
     }

@@ -76,7 +76,9 @@ pub enum TrainerError {
         problems: Vec<PreflightProblem>,
     },
 
-    /// Writing an artifact (a checkpoint file, a PNG, the resolved config) failed.
+    /// A rollout artifact (a trajectory sidecar, the artifact layout) could not be written or
+    /// read. Files the trainer writes itself (checkpoints, PNGs, the resolved config) fail as
+    /// [`TrainerError::Io`].
     #[error(transparent)]
     Artifact(#[from] trajectory::TrajectoryError),
 
@@ -553,6 +555,18 @@ impl fmt::Display for Mismatches<'_> {
             )?;
         }
         Ok(())
+    }
+}
+
+/// A failed durable write (checkpoint files, PNGs, the resolved config) names the file and the
+/// operation.
+impl From<durable::DurableError> for TrainerError {
+    fn from(e: durable::DurableError) -> Self {
+        TrainerError::Io {
+            path: e.path,
+            op: e.op,
+            source: e.source,
+        }
     }
 }
 

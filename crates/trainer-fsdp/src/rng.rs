@@ -7,11 +7,14 @@
 //! backend's global generator, whose state burn does not expose (LoRA initialisation, for
 //! instance, which a resume overwrites with the checkpoint's weights anyway).
 
-use rand_core::Rng;
-use rand_pcg::Pcg64;
+use keyed_rng::PcgStream;
 use serde::{Deserialize, Serialize};
 
-/// PCG-XSL-RR 128/64 (`rand_pcg::Pcg64`) seeded from a `u64` by SplitMix64, serialisable.
+/// PCG-XSL-RR 128/64 (`rand_pcg::Pcg64`) seeded from a `u64` by SplitMix64
+/// ([`keyed_rng::PcgStream::seeded`]), serialisable.
+///
+/// Its JSON (`rng_rank0.json` in a checkpoint) is `{"pcg": {"state": …, "increment": …}}`, the
+/// 128-bit PCG state and increment.
 ///
 /// ```
 /// use trainer_fsdp::TrainerRng;
@@ -26,26 +29,15 @@ use serde::{Deserialize, Serialize};
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TrainerRng {
-    pcg: Pcg64,
-}
-
-fn splitmix64(x: u64) -> u64 {
-    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
+    pcg: PcgStream,
 }
 
 impl TrainerRng {
-    /// The stream of `seed`: state and increment from four SplitMix64 outputs.
+    /// The stream of `seed`: state and increment from four SplitMix64 outputs
+    /// ([`keyed_rng::seeded_pcg`]).
     pub fn seeded(seed: u64) -> Self {
-        let w: Vec<u64> = (1..=4u64)
-            .map(|i| splitmix64(seed ^ i.wrapping_mul(0xD1B5_4A32_D192_ED03)))
-            .collect();
-        let state = u128::from(w[0]) | (u128::from(w[1]) << 64);
-        let stream = u128::from(w[2]) | (u128::from(w[3]) << 64);
         Self {
-            pcg: Pcg64::new(state, stream),
+            pcg: PcgStream::seeded(seed),
         }
     }
 
@@ -60,26 +52,17 @@ impl TrainerRng {
     /// When `n == 0`.
     pub fn below(&mut self, n: u64) -> u64 {
         assert!(n >= 1, "TrainerRng::below(0)");
-        let reject_under = n.wrapping_neg() % n;
-        loop {
-            let x = self.next_u64();
-            if x >= reject_under {
-                return x % n;
-            }
-        }
+        self.pcg.below(n)
     }
 
     /// A uniform float in `[0, 1)` with 53 random bits.
     pub fn uniform(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+        self.pcg.unit_f64()
     }
 
     /// Shuffles `items` in place (Fisher-Yates).
     pub fn shuffle<T>(&mut self, items: &mut [T]) {
-        for i in (1..items.len()).rev() {
-            let j = self.below(i as u64 + 1) as usize;
-            items.swap(i, j);
-        }
+        self.pcg.shuffle(items);
     }
 }
 
@@ -131,5 +114,39 @@ mod tests {
         let xa: Vec<u64> = (0..5).map(|_| a.next_u64()).collect();
         let xb: Vec<u64> = (0..5).map(|_| b.next_u64()).collect();
         assert_eq!(xa, xb);
+    }
+
+    /// The stream and the checkpoint file's JSON are exactly what they were before the
+    /// generator moved to `keyed-rng`: checkpoints written then still resume bit for bit.
+    #[test]
+    fn the_stream_and_its_json_are_pinned() {
+        let mut r = TrainerRng::seeded(42);
+        let first: Vec<u64> = (0..3).map(|_| r.next_u64()).collect();
+        assert_eq!(
+            first,
+            [
+                0x48A7_DEF7_ACA6_222C,
+                0x3512_3C9A_DFA7_D932,
+                0xD2F8_E5CC_6525_C57D
+            ]
+        );
+        let json = serde_json::to_string(&r).unwrap();
+        assert_eq!(
+            json,
+            r#"{"pcg":{"state":87142929329978316729225767155470530714,"increment":304628769623771348683148181047607148331}}"#
+        );
+        assert_eq!(
+            serde_json::to_string(&TrainerRng::seeded(0)).unwrap(),
+            r#"{"pcg":{"state":14472112956896867126217529912323868496,"increment":334069522134800731113628967131474498265}}"#
+        );
+        let back: TrainerRng = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, r);
+
+        let mut r = TrainerRng::seeded(7);
+        let mut v: Vec<u32> = (0..10).collect();
+        r.shuffle(&mut v);
+        assert_eq!(v, [4, 2, 6, 1, 3, 8, 5, 9, 0, 7]);
+        assert_eq!(r.uniform().to_bits(), 0x3FDC_B3DB_E744_D080);
+        assert_eq!(r.below(1_000_000_007), 382_939_562);
     }
 }

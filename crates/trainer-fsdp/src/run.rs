@@ -49,7 +49,7 @@ use schedule::{PlanQuery, SdeStepPlan, SdeSteps};
 use sde_math::Kernel;
 use trajectory::{
     ArtifactLayout, Candidate, Common, Digest, Retention, Split, Tracks, Trajectory, read_sidecar,
-    sampling_fingerprint, write_atomic, write_sidecar,
+    sampling_fingerprint, write_sidecar,
 };
 
 use crate::algorithm::Algorithm;
@@ -518,7 +518,7 @@ where
                         gi as u64,
                         slot as u32,
                     );
-                    write_atomic(&png, &img.to_png()?)?;
+                    durable::write_atomic(&png, &img.to_png()?)?;
                 }
             }
             paths.push(path);

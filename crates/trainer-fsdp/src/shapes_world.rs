@@ -300,7 +300,7 @@ impl<B: Backend> ShapesGenerator<B> {
             },
         )?;
         let cfg_path = dir.join(TEXT_CONFIG_FILE);
-        trajectory::write_atomic(&cfg_path, self.text_config.to_string().as_bytes())?;
+        durable::write_atomic(&cfg_path, self.text_config.to_string().as_bytes())?;
         self.text
             .clone()
             .save_file(

@@ -8,11 +8,16 @@
 //! ([`Workers::reduce_scalars`]), and only the IO rank writes metrics, sample images and the
 //! checkpoint manifest ([`Workers::is_io_rank`]).
 //!
-//! The shape follows burn 0.21's collective runtime (`burn-collective`): collectives are
-//! issued by every rank in the same order, gradients are reduced parameter by parameter by
-//! `ParamId` (so every rank must hold replicas with the same parameter ids, cloned from one
-//! model), and a reduction is a sum or a mean over ranks. [`LocalWorkers`], the one-process
-//! implementation, is today's host threads: world size 1, every collective the identity.
+//! The shape follows burn 0.21's collective runtime (`burn-collective`, read in its 0.21.0
+//! sources): collectives block, and every rank must issue the same ones in the same order (a
+//! mismatch deadlocks: there is no timeout); gradients are all-reduced parameter by parameter
+//! in `ParamId` order, so every rank must hold replicas with the same parameter ids and shapes
+//! and a gradient for the same parameters; the only reductions are sum and mean over float
+//! tensors (a min or max over ranks is computed from an all-gather made of a one-hot sum); the
+//! collective runs on the plain (inner) backend, not on `Autodiff<_>`; and its summation order
+//! is not fixed, so a multi-rank run is not bit-reproducible from run to run. [`LocalWorkers`],
+//! the one-process implementation, is today's host threads: world size 1, every collective the
+//! identity.
 
 use std::ops::Range;
 
@@ -68,8 +73,11 @@ pub trait Workers: Sync {
         Ok(self.rank() * per..(self.rank() + 1) * per)
     }
 
-    /// The sum over ranks of every rank's gradients of `model`'s parameters (in the order of
-    /// the parameters' ids), issued by every rank at the same point of the update.
+    /// The mean over ranks of every rank's gradients of `model`'s parameters, reduced in the
+    /// order of the parameters' ids and issued by every rank at the same point of the update.
+    /// Each rank's gradients are those of the mean loss of its share of the update; the shares
+    /// are equal ([`Workers::group_shard`]), so the mean over ranks is the gradient of the
+    /// whole update's mean loss.
     ///
     /// # Errors
     /// A collective that failed.

@@ -406,3 +406,73 @@ fn lora_checkpoints_hold_the_adapter_and_check_the_contract() {
         .unwrap();
     assert!(err.to_string().contains("trains every parameter"), "{err}");
 }
+
+/// A checkpoint write that fails is an IO error naming the file and the operation
+/// ([`TrainerError::Io`]), not a rollout-artifact error, and leaves nothing resume trusts.
+#[test]
+fn a_failed_checkpoint_write_names_the_file() {
+    let dev = Default::default();
+    let model = Policy::<AD>::init(3, &dev);
+    let opt = optimizer();
+    let rng = TrainerRng::seeded(3);
+
+    // the checkpoint root is a regular file: nothing can be created under it
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("checkpoints");
+    std::fs::write(&root, b"not a directory").unwrap();
+    let store = CheckpointStore::new(&root, "t2i", None).unwrap();
+    let err = store
+        .save(&model, opt.optimizer(), &state_of(&opt, 0), &rng, None)
+        .unwrap_err();
+    let TrainerError::Io { path, op, .. } = &err else {
+        panic!("expected TrainerError::Io, got {err:?}");
+    };
+    assert!(path.starts_with(&root), "{err}: {path:?}");
+    assert!(!op.is_empty());
+    assert!(err.to_string().contains("checkpoints"), "{err}");
+
+    // a directory squats on the weights file: the atomic write's rename fails after the
+    // temporary file was written
+    let dir = tempfile::tempdir().unwrap();
+    let base = CheckpointStore::new(dir.path(), "t2i", None).unwrap();
+    let weights = base.iteration_dir(0).join(checkpoint::WEIGHTS_FILE);
+    let squat = weights.clone();
+    let store = base.with_write_hook(Arc::new(move |_, p| {
+        if p == WritePhase::Started {
+            std::fs::create_dir_all(squat.join("inner")).unwrap();
+        }
+    }));
+    let err = store
+        .save(&model, opt.optimizer(), &state_of(&opt, 0), &rng, None)
+        .unwrap_err();
+    match &err {
+        TrainerError::Io { path, op, .. } => {
+            assert_eq!((path, *op), (&weights, "rename into place"), "{err}");
+        }
+        other => panic!("expected TrainerError::Io, got {other:?}"),
+    }
+    assert!(err.to_string().contains(checkpoint::WEIGHTS_FILE), "{err}");
+    assert!(!durable::tmp_path(&weights).exists());
+    assert!(
+        !store
+            .iteration_dir(0)
+            .join(checkpoint::COMMITTED_FILE)
+            .exists()
+    );
+    assert!(store.latest_committed().unwrap().is_none());
+
+    // the root's latest-iteration marker cannot be replaced: the checkpoint itself is
+    // committed, the error names the marker
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join(checkpoint::LATEST_FILE);
+    std::fs::create_dir_all(marker.join("inner")).unwrap();
+    let store = CheckpointStore::new(dir.path(), "t2i", None).unwrap();
+    let err = store
+        .save(&model, opt.optimizer(), &state_of(&opt, 0), &rng, None)
+        .unwrap_err();
+    assert!(
+        matches!(&err, TrainerError::Io { path, op: "rename into place", .. } if *path == marker),
+        "{err:?}"
+    );
+    assert_eq!(store.latest_committed().unwrap().unwrap().iteration, 0);
+}

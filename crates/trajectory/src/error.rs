@@ -511,6 +511,17 @@ impl fmt::Display for Location<'_> {
     }
 }
 
+/// A failed durable write names the file and the operation, as every other IO error does.
+impl From<durable::DurableError> for TrajectoryError {
+    fn from(e: durable::DurableError) -> Self {
+        TrajectoryError::Io {
+            path: e.path,
+            op: e.op,
+            source: e.source,
+        }
+    }
+}
+
 pub(crate) fn io_err(
     path: &Path,
     op: &'static str,

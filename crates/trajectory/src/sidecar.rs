@@ -32,15 +32,14 @@
 //! # Durability
 //!
 //! [`write_sidecar`] writes `<name>.tmp`, fsyncs it, renames it over `<name>` and fsyncs the
-//! directory: a crash at any point leaves either the previous file or the new one, never a file
+//! directory (the workspace's `durable` crate): a crash at any point leaves either the previous file or the new one, never a file
 //! that reads as valid but is not. [`read_sidecar`] checks the length, the header, the version,
 //! every key, dtype and shape, the content hash and the record's invariants, and returns a typed
 //! error naming the file and the problem.
 
 use std::collections::{BTreeMap, HashMap};
-use std::fs::{self, File, OpenOptions};
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::fs;
+use std::path::Path;
 
 use safetensors::tensor::{Dtype, Metadata, SafeTensorError, TensorInfo, View};
 use sde_math::StorageDtype;
@@ -792,7 +791,8 @@ pub fn decode(bytes: &[u8], path: &Path) -> Result<Trajectory, TrajectoryError> 
     Ok(traj)
 }
 
-/// A file written to `<name>.tmp` and fsynced, not yet renamed into place.
+/// A file written to `<name>.tmp` and fsynced, not yet renamed into place (a
+/// [`durable::Staged`] whose errors are [`TrajectoryError::Io`]).
 ///
 /// [`StagedFile::commit`] renames it over the destination and fsyncs the directory. Dropping
 /// it uncommitted removes the temporary file; a crash before the commit leaves the temporary
@@ -801,44 +801,14 @@ pub fn decode(bytes: &[u8], path: &Path) -> Result<Trajectory, TrajectoryError> 
 /// staging the same file at once would share its `.tmp`.
 #[derive(Debug)]
 #[must_use = "a staged file is not visible until committed"]
-pub struct StagedFile {
-    tmp: PathBuf,
-    dest: PathBuf,
-    len: u64,
-    committed: bool,
-}
+pub struct StagedFile(durable::Staged);
 
-/// A file that was committed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct WrittenFile {
-    /// Where it lives.
-    pub path: PathBuf,
-    /// Its length in bytes.
-    pub bytes: u64,
-}
-
-/// `<dest>.tmp`.
-pub fn tmp_path(dest: &Path) -> PathBuf {
-    let mut name = dest
-        .file_name()
-        .map(|n| n.to_os_string())
-        .unwrap_or_default();
-    name.push(".tmp");
-    dest.with_file_name(name)
-}
+pub use durable::{WrittenFile, tmp_path};
 
 /// fsyncs a directory so a rename inside it is durable (a no-op where directories cannot be
 /// opened, i.e. outside Unix).
 pub(crate) fn sync_dir(dir: &Path) -> Result<(), TrajectoryError> {
-    #[cfg(unix)]
-    {
-        File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(io_err(dir, "fsync directory"))?;
-    }
-    #[cfg(not(unix))]
-    let _ = dir;
-    Ok(())
+    Ok(durable::sync_dir(dir)?)
 }
 
 /// Writes `bytes` to `<dest>.tmp` and fsyncs it (creating the parent directory if needed).
@@ -846,39 +816,18 @@ pub(crate) fn sync_dir(dir: &Path) -> Result<(), TrajectoryError> {
 /// # Errors
 /// [`TrajectoryError::Io`] naming the operation.
 pub fn stage_file(dest: &Path, bytes: &[u8]) -> Result<StagedFile, TrajectoryError> {
-    let parent = dest
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    fs::create_dir_all(parent).map_err(io_err(parent, "create directory"))?;
-    let tmp = tmp_path(dest);
-    let staged = StagedFile {
-        tmp: tmp.clone(),
-        dest: dest.to_path_buf(),
-        len: bytes.len() as u64,
-        committed: false,
-    };
-    let mut f = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(&tmp)
-        .map_err(io_err(&tmp, "create"))?;
-    f.write_all(bytes).map_err(io_err(&tmp, "write"))?;
-    f.sync_all().map_err(io_err(&tmp, "fsync"))?;
-    drop(f);
-    Ok(staged)
+    Ok(StagedFile(durable::stage(dest, bytes)?))
 }
 
 impl StagedFile {
     /// The temporary file.
     pub fn tmp_path(&self) -> &Path {
-        &self.tmp
+        self.0.tmp_path()
     }
 
     /// The destination.
     pub fn destination(&self) -> &Path {
-        &self.dest
+        self.0.destination()
     }
 
     /// Renames the temporary file over the destination (atomic on POSIX filesystems) and
@@ -886,37 +835,19 @@ impl StagedFile {
     ///
     /// # Errors
     /// [`TrajectoryError::Io`]; the temporary file is removed on failure.
-    pub fn commit(mut self) -> Result<WrittenFile, TrajectoryError> {
-        fs::rename(&self.tmp, &self.dest).map_err(io_err(&self.dest, "rename into place"))?;
-        self.committed = true;
-        let parent = self
-            .dest
-            .parent()
-            .filter(|p| !p.as_os_str().is_empty())
-            .unwrap_or(Path::new("."));
-        sync_dir(parent)?;
-        Ok(WrittenFile {
-            path: self.dest.clone(),
-            bytes: self.len,
-        })
+    pub fn commit(self) -> Result<WrittenFile, TrajectoryError> {
+        Ok(self.0.commit()?)
     }
 }
 
-impl Drop for StagedFile {
-    fn drop(&mut self) {
-        if !self.committed {
-            let _ = fs::remove_file(&self.tmp);
-        }
-    }
-}
-
-/// Writes `bytes` to `dest` atomically: `.tmp` → fsync → rename → directory fsync. Use it for
-/// every artifact (sidecars, sample PNGs) so no reader ever sees a partial file.
+/// Writes `bytes` to `dest` atomically: `.tmp` → fsync → rename → directory fsync
+/// ([`durable::write_atomic`]). Use it for every artifact (sidecars, sample PNGs) so no reader
+/// ever sees a partial file.
 ///
 /// # Errors
 /// [`TrajectoryError::Io`].
 pub fn write_atomic(dest: &Path, bytes: &[u8]) -> Result<WrittenFile, TrajectoryError> {
-    stage_file(dest, bytes)?.commit()
+    Ok(durable::write_atomic(dest, bytes)?)
 }
 
 /// Encodes `traj` and stages it at `path` (not yet visible; see [`StagedFile`]).

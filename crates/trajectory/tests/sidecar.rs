@@ -611,6 +611,36 @@ fn crash_between_write_and_rename_keeps_the_previous_state() {
     assert_eq!(read_sidecar(&path).unwrap(), v3);
 }
 
+/// A write that cannot happen names the file and the operation ([`TrajectoryError::Io`]), and
+/// leaves no temporary file behind.
+#[test]
+fn a_failed_write_names_the_path_and_the_operation() {
+    let dir = tempfile::tempdir().unwrap();
+    // a regular file where the sidecar's directory should be
+    let blocker = dir.path().join("rollout_00000001");
+    fs::write(&blocker, b"not a directory").unwrap();
+    let path = blocker.join("group_00000000.safetensors");
+    let err = write_sidecar(&path, &random_trajectory(1, StorageDtype::F32)).unwrap_err();
+    match &err {
+        TrajectoryError::Io { path: p, op, .. } => {
+            assert_eq!((p.as_path(), *op), (blocker.as_path(), "create directory"));
+        }
+        other => panic!("expected TrajectoryError::Io, got {other:?}"),
+    }
+    assert!(err.to_string().contains("rollout_00000001"), "{err}");
+
+    // renaming over a directory fails after the temporary file was written; it is removed
+    let sub = dir.path().join("group_00000001.safetensors");
+    fs::create_dir(&sub).unwrap();
+    fs::write(sub.join("inner"), b"x").unwrap();
+    let err = trajectory::write_atomic(&sub, b"bytes").unwrap_err();
+    assert!(
+        matches!(&err, TrajectoryError::Io { path, op: "rename into place", .. } if *path == sub),
+        "{err:?}"
+    );
+    assert!(!trajectory::sidecar::tmp_path(&sub).exists());
+}
+
 /// The record constructed in memory by hand, with extra conditioning, reads back equal.
 #[test]
 fn hand_built_record_round_trips() {

@@ -1,202 +1,64 @@
 //! Weight IO: transformers safetensors checkpoints (`model.safetensors`, or shards named by
-//! `model.safetensors.index.json`), memory-mapped, converted to `f32` one tensor at a time,
-//! every missing / unexpected / mis-shaped / unconvertible key reported together.
+//! `model.safetensors.index.json`) read through the shared loader [`model_weights`]:
+//! memory-mapped, converted to `f32` one tensor at a time, every missing / unexpected /
+//! mis-shaped / unconvertible key reported together.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
-use std::fs::File;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use burn::module::{Param, ParamId};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
-use memmap2::Mmap;
-use safetensors::tensor::{Dtype, Metadata, TensorInfo};
+use model_weights::{TRANSFORMERS, transpose};
 
 use super::config::ClipConfig;
 use super::model::{ClipModel, EncoderLayer, IGNORED_KEYS, LayerNorm, Linear};
-use crate::error::{DtypeProblem, RewardError, ShapeMismatch, WeightReport};
+use crate::error::RewardError;
 
 /// File name of a single-file transformers checkpoint.
-pub const SINGLE_FILE: &str = "model.safetensors";
+pub const SINGLE_FILE: &str = TRANSFORMERS.single;
 /// File name of a sharded transformers checkpoint's index.
-pub const INDEX_FILE: &str = "model.safetensors.index.json";
+pub const INDEX_FILE: &str = TRANSFORMERS.index;
 /// File name of a transformers model configuration.
 pub const CONFIG_FILE: &str = "config.json";
 
-struct Shard {
-    mmap: Mmap,
-    data_start: usize,
-    tensors: HashMap<String, TensorInfo>,
-}
-
 /// A memory-mapped transformers checkpoint (one file or shards).
+///
+/// A thin wrapper of the shared [`model_weights::Checkpoint`] ([`Checkpoint::weights`]) with
+/// transformers' file names and this crate's error type.
+#[derive(Debug)]
 pub struct Checkpoint {
-    path: PathBuf,
-    shards: Vec<Shard>,
-    keys: BTreeMap<String, usize>,
-}
-
-fn open_shard(path: &Path) -> Result<Shard, RewardError> {
-    let file = File::open(path).map_err(|e| RewardError::io(path, e))?;
-    // SAFETY: the mapping is read-only and lives as long as `Shard`; a checkpoint modified by
-    // another process while mapped is outside what any safetensors reader can guard.
-    #[allow(unsafe_code)]
-    let mmap = unsafe { Mmap::map(&file) }.map_err(|e| RewardError::io(path, e))?;
-    let (n, meta): (usize, Metadata) =
-        safetensors::SafeTensors::read_metadata(&mmap).map_err(|source| {
-            RewardError::Safetensors {
-                path: path.into(),
-                source,
-            }
-        })?;
-    let tensors = meta
-        .tensors()
-        .into_iter()
-        .map(|(k, info)| (k, info.clone()))
-        .collect();
-    Ok(Shard {
-        mmap,
-        data_start: 8 + n,
-        tensors,
-    })
+    inner: model_weights::Checkpoint,
 }
 
 impl Checkpoint {
     /// Opens `model.safetensors.index.json` (sharded) or `model.safetensors` in `dir`, or a
     /// `.safetensors` file.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, RewardError> {
-        let path = path.as_ref();
-        if path.is_file() {
-            return Self::from_shards(path, vec![(path.into(), open_shard(path)?)]);
-        }
-        let index = path.join(INDEX_FILE);
-        if index.is_file() {
-            let text = std::fs::read_to_string(&index).map_err(|e| RewardError::io(&index, e))?;
-            let v: serde_json::Value =
-                serde_json::from_str(&text).map_err(|source| RewardError::Json {
-                    path: index.clone(),
-                    source,
-                })?;
-            let Some(map) = v.get("weight_map").and_then(|m| m.as_object()) else {
-                return Err(RewardError::JsonField {
-                    path: index,
-                    field: "weight_map".into(),
-                    expected: "an object of tensor name -> shard file",
-                });
-            };
-            let mut files: Vec<String> = Vec::new();
-            for f in map.values() {
-                let Some(f) = f.as_str() else {
-                    return Err(RewardError::JsonField {
-                        path: index,
-                        field: "weight_map".into(),
-                        expected: "shard file names as strings",
-                    });
-                };
-                if !files.iter().any(|x| x == f) {
-                    files.push(f.to_string());
-                }
-            }
-            files.sort();
-            let shards = files
-                .iter()
-                .map(|f| {
-                    let p = path.join(f);
-                    open_shard(&p).map(|s| (p, s))
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            for (k, f) in map {
-                let f = f.as_str().expect("checked");
-                let i = files.iter().position(|x| x == f).expect("listed");
-                if !shards[i].1.tensors.contains_key(k) {
-                    return Err(RewardError::IndexMismatch {
-                        path: index,
-                        key: k.clone(),
-                        shard: f.to_string(),
-                    });
-                }
-            }
-            return Self::from_shards(path, shards);
-        }
-        let single = path.join(SINGLE_FILE);
-        if single.is_file() {
-            return Self::from_shards(path, vec![(single.clone(), open_shard(&single)?)]);
-        }
-        Err(RewardError::NoCheckpoint { dir: path.into() })
+        Ok(Self {
+            inner: model_weights::Checkpoint::open(path, &[TRANSFORMERS])?,
+        })
     }
 
-    fn from_shards(path: &Path, shards: Vec<(PathBuf, Shard)>) -> Result<Self, RewardError> {
-        let mut keys = BTreeMap::new();
-        for (i, (p, s)) in shards.iter().enumerate() {
-            for k in s.tensors.keys() {
-                if let Some(prev) = keys.insert(k.clone(), i) {
-                    return Err(RewardError::IndexMismatch {
-                        path: path.into(),
-                        key: k.clone(),
-                        shard: format!("{} (also in {})", p.display(), shards[prev].0.display()),
-                    });
-                }
-            }
-        }
-        Ok(Self {
-            path: path.into(),
-            shards: shards.into_iter().map(|(_, s)| s).collect(),
-            keys,
-        })
+    /// The shared loader's checkpoint underneath (dtypes, shapes, reading, reports).
+    pub fn weights(&self) -> &model_weights::Checkpoint {
+        &self.inner
     }
 
     /// The file or directory it was opened from.
     pub fn path(&self) -> &Path {
-        &self.path
+        self.inner.path()
     }
 
     /// All tensor names, sorted.
     pub fn keys(&self) -> impl Iterator<Item = &str> {
-        self.keys.keys().map(String::as_str)
-    }
-
-    fn bytes(&self, key: &str) -> Option<(&TensorInfo, &[u8])> {
-        let shard = &self.shards[*self.keys.get(key)?];
-        let info = &shard.tensors[key];
-        let (a, b) = info.data_offsets;
-        Some((
-            info,
-            &shard.mmap[shard.data_start + a..shard.data_start + b],
-        ))
+        self.inner.keys()
     }
 }
 
-fn to_f32(dtype: Dtype, bytes: &[u8]) -> Option<Vec<f32>> {
-    Some(match dtype {
-        Dtype::F32 => bytes
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect(),
-        Dtype::BF16 => bytes
-            .chunks_exact(2)
-            .map(|c| half::bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
-            .collect(),
-        Dtype::F16 => bytes
-            .chunks_exact(2)
-            .map(|c| half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
-            .collect(),
-        Dtype::F64 => bytes
-            .chunks_exact(8)
-            .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")) as f32)
-            .collect(),
-        _ => return None,
-    })
-}
-
-/// Row-major `[rows, cols]` to `[cols, rows]`.
-fn transpose(values: &[f32], rows: usize, cols: usize) -> Vec<f32> {
-    let mut out = vec![0.0f32; values.len()];
-    for r in 0..rows {
-        for c in 0..cols {
-            out[c * rows + r] = values[r * cols + c];
-        }
+impl From<model_weights::Checkpoint> for Checkpoint {
+    fn from(inner: model_weights::Checkpoint) -> Self {
+        Self { inner }
     }
-    out
 }
 
 /// Where a checkpoint tensor goes and how it is laid out there.
@@ -419,49 +281,11 @@ impl<B: Backend> ClipModel<B> {
             target: Target::Same1(&mut self.logit_scale),
         });
 
-        let mut report = WeightReport::default();
-        let mut expected: HashSet<String> = IGNORED_KEYS.iter().map(|k| k.to_string()).collect();
-        let mut ready = Vec::new();
+        // Every problem, from the headers alone, before any tensor is read.
+        let ckpt = checkpoint.weights();
+        ckpt.check(slots.iter().map(|s| (&s.key, &s.shape)), IGNORED_KEYS)?;
         for slot in slots {
-            expected.insert(slot.key.clone());
-            let Some((info, bytes)) = checkpoint.bytes(&slot.key) else {
-                report.missing.push(slot.key);
-                continue;
-            };
-            if !matches!(
-                info.dtype,
-                Dtype::F64 | Dtype::F32 | Dtype::F16 | Dtype::BF16
-            ) {
-                report.unsupported_dtype.push(DtypeProblem {
-                    key: slot.key,
-                    dtype: format!("{:?}", info.dtype),
-                });
-                continue;
-            }
-            if info.shape != slot.shape {
-                report.mismatched.push(ShapeMismatch {
-                    key: slot.key,
-                    expected: slot.shape,
-                    found: info.shape.clone(),
-                });
-                continue;
-            }
-            ready.push((slot, info.dtype, bytes));
-        }
-        report.unexpected = checkpoint
-            .keys()
-            .filter(|k| !expected.contains(*k))
-            .map(str::to_string)
-            .collect();
-        report.sort();
-        if !report.is_clean() {
-            return Err(RewardError::Weights {
-                path: checkpoint.path().into(),
-                report,
-            });
-        }
-        for (slot, dtype, bytes) in ready {
-            let values = to_f32(dtype, bytes).expect("supported dtype");
+            let values = ckpt.read_f32(&slot.key)?;
             let s = &slot.shape;
             match slot.target {
                 Target::Transposed(p) => {

@@ -52,6 +52,8 @@ mod render;
 
 use std::fmt;
 
+use keyed_rng::SplitMix64;
+
 pub use judge::{
     ConstraintKind, ConstraintResult, Detection, Judgement, Paint, SHAPES_COMPONENT, ShapesScorer,
     detect, detect_with_paint, judge,
@@ -294,39 +296,6 @@ impl Category {
             Category::Position => "position",
             Category::ColourAttribution => "color_attr",
         }
-    }
-}
-
-/// SplitMix64 (Steele, Lea & Flood 2014): the renderer's and sampler's value-stable generator.
-#[derive(Clone, Debug)]
-pub(crate) struct SplitMix64(u64);
-
-impl SplitMix64 {
-    pub(crate) fn new(seed: u64) -> Self {
-        Self(seed)
-    }
-
-    pub(crate) fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `[0, 1)` with 53 random bits.
-    pub(crate) fn unit(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-
-    /// Uniform in `[lo, hi)`.
-    pub(crate) fn range(&mut self, lo: f64, hi: f64) -> f64 {
-        lo + (hi - lo) * self.unit()
-    }
-
-    /// Uniform in `0..n` (`n > 0`).
-    pub(crate) fn below(&mut self, n: usize) -> usize {
-        ((self.unit() * n as f64) as usize).min(n - 1)
     }
 }
 
@@ -575,7 +544,7 @@ impl SceneSpec {
     pub fn sample(category: Category, seed: u64) -> SceneSpec {
         let all = Self::all(category);
         let mut rng = SplitMix64::new(seed ^ 0x5CE_E5EE_D000 ^ category as u64);
-        all[rng.below(all.len())]
+        all[rng.below_scaled(all.len())]
     }
 }
 

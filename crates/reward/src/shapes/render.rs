@@ -1,6 +1,8 @@
 //! The procedural renderer of the shapes world: scene + seed -> image, deterministic.
 
-use super::{BACKGROUND, Colour, IMAGE_SIZE, Relation, SceneSpec, Shape, SplitMix64};
+use keyed_rng::SplitMix64;
+
+use super::{BACKGROUND, Colour, IMAGE_SIZE, Relation, SceneSpec, Shape};
 use crate::image::RgbImage;
 
 /// How scenes are drawn. The defaults are the shapes world's: 32x32 pixels, anti-aliased,
@@ -112,10 +114,10 @@ pub fn render(spec: &SceneSpec, seed: u64, options: &RenderOptions) -> RenderedS
         for _ in 0..g.count {
             let colour = g
                 .colour
-                .unwrap_or_else(|| Colour::ALL[rng.below(Colour::ALL.len())]);
+                .unwrap_or_else(|| Colour::ALL[rng.below_scaled(Colour::ALL.len())]);
             let j = options.colour_jitter as f64;
             let rgb = colour.rgb().map(|v| {
-                (v as f64 + rng.range(-j, j + 1e-9))
+                (v as f64 + rng.range_f64(-j, j + 1e-9))
                     .round()
                     .clamp(0.0, 255.0) as u8
             });
@@ -133,12 +135,13 @@ pub fn render(spec: &SceneSpec, seed: u64, options: &RenderOptions) -> RenderedS
     let mut done = false;
     'attempts: for _ in 0..50 {
         for o in objects.iter_mut() {
-            o.side = (rng.range(options.min_object, options.max_object) * size * shrink).max(4.0);
+            o.side =
+                (rng.range_f64(options.min_object, options.max_object) * size * shrink).max(4.0);
         }
         let place = |rng: &mut SplitMix64, s: f64| {
             let lo = s / 2.0 + 1.0;
             let hi = size - s / 2.0 - 1.0;
-            (rng.range(lo, hi), rng.range(lo, hi))
+            (rng.range_f64(lo, hi), rng.range_f64(lo, hi))
         };
         if let SceneSpec::Relation { relation, .. } = spec {
             for _ in 0..400 {

@@ -1,5 +1,7 @@
 //! A per-rollout resample of the trained steps from a pool.
 
+use keyed_rng::{PcgStream, fnv1a64};
+
 use super::{
     ExplicitSteps, FractionWindow, PlanQuery, Route, RouteSteps, SdeStepPlan, SdeSteps, finish,
 };
@@ -8,7 +10,7 @@ use crate::rng;
 
 /// The domain tag of the per-rollout draw (part of the seed derivation; changing it changes
 /// every draw).
-const DOMAIN: u64 = rng::fnv1a64(b"flowrl/schedule/per-rollout-resample/v1");
+const DOMAIN: u64 = fnv1a64(b"flowrl/schedule/per-rollout-resample/v1");
 
 /// What a [`PerRolloutResample`] selects when there is no rollout id (held-out evaluation): a
 /// fixed plan, so that the evaluation number stays comparable across training steps.
@@ -119,7 +121,7 @@ impl PerRolloutResample {
 
     /// The draw for rollout `id`, in draw order (before sorting).
     fn draw(&self, id: u64) -> Vec<usize> {
-        let mut g = rng::generator(DOMAIN, &[id]);
+        let mut g = PcgStream::keyed(DOMAIN, &[id]);
         rng::choose(&mut g, self.pool.as_slice(), self.num_sde_steps)
     }
 }

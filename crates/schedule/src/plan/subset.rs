@@ -2,11 +2,13 @@
 
 use std::ops::Range;
 
+use keyed_rng::{PcgStream, fnv1a64};
+
 use super::{PlanQuery, Route, RouteSteps, SdeStepPlan, SdeSteps, finish};
 use crate::error::{PlanProblem, ScheduleError};
 use crate::rng;
 
-const DOMAIN: u64 = rng::fnv1a64(b"flowrl/schedule/random-subset/v1");
+const DOMAIN: u64 = fnv1a64(b"flowrl/schedule/random-subset/v1");
 
 /// DanceGRPO's timestep subset: every sample shuffles the candidate steps and trains the first
 /// `floor(len * fraction)` of them (DanceGRPO: `torch.randperm` per sample, candidates = all
@@ -99,7 +101,7 @@ impl SdeStepPlan for RandomSubset {
         let id = query
             .rollout_id
             .ok_or(ScheduleError::RolloutIdRequired { plan: self.name() })?;
-        let mut g = rng::generator(DOMAIN, &[self.seed, id, query.sample_key]);
+        let mut g = PcgStream::keyed(DOMAIN, &[self.seed, id, query.sample_key]);
         let pool: Vec<usize> = self.candidates.clone().collect();
         Ok(SdeSteps::new(rng::choose(&mut g, &pool, self.keep)))
     }

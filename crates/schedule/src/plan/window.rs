@@ -2,11 +2,12 @@
 
 use std::ops::Range;
 
+use keyed_rng::{PcgStream, fnv1a64};
+
 use super::{PlanQuery, Route, RouteSteps, SdeStepPlan, SdeSteps, finish};
 use crate::error::{PlanProblem, ScheduleError};
-use crate::rng;
 
-const DOMAIN: u64 = rng::fnv1a64(b"flowrl/schedule/sliding-window/v1");
+const DOMAIN: u64 = fnv1a64(b"flowrl/schedule/sliding-window/v1");
 
 /// How the window moves (MixGRPO's `sample_strategy`). Intervals count rollouts (training
 /// iterations) spent on one window position (MixGRPO's `iters_per_group`, the "shift
@@ -250,9 +251,9 @@ impl SlidingWindow {
             seed,
         } = self.strategy
         {
-            let mut g = rng::generator(DOMAIN, &[seed, rollout_id / shift_interval]);
+            let mut g = PcgStream::keyed(DOMAIN, &[seed, rollout_id / shift_interval]);
             let n = (self.last() - self.first() + 1) as u64;
-            return self.first() + rng::below(&mut g, n) as usize;
+            return self.first() + g.below(n) as usize;
         }
         let starts = self.cycle();
         let lengths: Vec<u64> = starts.iter().map(|&s| self.interval(s)).collect();

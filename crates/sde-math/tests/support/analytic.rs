@@ -3,26 +3,20 @@
 #![allow(dead_code)]
 
 use burn::tensor::{Tensor, TensorData, backend::Backend};
+use keyed_rng::SplitMix64;
 
-/// SplitMix64 with Box–Muller: deterministic standard normals for tests, generated on the host
-/// so every backend sees identical bits.
-pub struct Normals(u64);
+/// SplitMix64 ([`keyed_rng::SplitMix64`]) with Box–Muller: deterministic standard normals for
+/// tests, generated on the host so every backend sees identical bits.
+pub struct Normals(SplitMix64);
 
 impl Normals {
     pub fn new(seed: u64) -> Self {
-        Self(seed)
+        Self(SplitMix64::new(seed))
     }
 
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
+    /// A uniform in `(0, 1]` (never 0, so `ln` is finite).
     fn uniform(&mut self) -> f64 {
-        ((self.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+        self.0.open_unit_f64()
     }
 
     pub fn vec(&mut self, n: usize) -> Vec<f32> {

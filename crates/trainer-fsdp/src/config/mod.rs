@@ -846,11 +846,11 @@ impl TrainConfig {
     /// the path.
     ///
     /// # Errors
-    /// [`TrainerError::ConfigSerialize`], [`TrainerError::Artifact`].
+    /// [`TrainerError::ConfigSerialize`], [`TrainerError::Io`] naming the file.
     pub fn save_resolved(&self, run_dir: &Path) -> Result<PathBuf, TrainerError> {
         let path = run_dir.join(RESOLVED_CONFIG_FILE);
         let text = self.to_toml_string()?;
-        trajectory::write_atomic(&path, text.as_bytes())?;
+        durable::write_atomic(&path, text.as_bytes())?;
         Ok(path)
     }
 

@@ -368,7 +368,7 @@ pub fn sample_grid(
 /// Encodes `img` as PNG and writes it atomically (`.tmp` → fsync → rename).
 ///
 /// # Errors
-/// [`TrainerError::Image`], [`TrainerError::Artifact`].
+/// [`TrainerError::Image`], [`TrainerError::Io`] naming the file.
 pub fn write_png(path: &Path, img: &RgbImage) -> Result<(), TrainerError> {
     let mut bytes = Vec::new();
     PngEncoder::new(&mut bytes)
@@ -382,7 +382,7 @@ pub fn write_png(path: &Path, img: &RgbImage) -> Result<(), TrainerError> {
             path: path.to_path_buf(),
             source,
         })?;
-    trajectory::write_atomic(path, &bytes)?;
+    durable::write_atomic(path, &bytes)?;
     Ok(())
 }
 

@@ -5,28 +5,25 @@
 use std::collections::BTreeMap;
 
 use half::{bf16, f16};
+use keyed_rng::SplitMix64;
 use sde_math::StorageDtype;
 use trajectory::{Candidate, Common, Conditions, Digest, StoredTensor, Tracks, Trajectory};
 
-/// SplitMix64.
-pub struct Rng(u64);
+/// SplitMix64 ([`keyed_rng::SplitMix64`]) with the draws the tests need.
+pub struct Rng(SplitMix64);
 
 impl Rng {
     pub fn new(seed: u64) -> Self {
-        Self(seed)
+        Self(SplitMix64::new(seed))
     }
 
     pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
 
-    /// Uniform in `lo..hi`.
+    /// Uniform in `lo..hi` (a remainder).
     pub fn range(&mut self, lo: usize, hi: usize) -> usize {
-        lo + (self.next_u64() % (hi - lo) as u64) as usize
+        lo + self.0.below_modulo((hi - lo) as u64) as usize
     }
 
     /// A random finite value of the storage precision, from random bits (covers subnormals,
