@@ -859,7 +859,7 @@ impl fmt::Display for PreflightWarning {
         match self {
             PreflightWarning::SingleUpdatePerBatch => write!(
                 f,
-                "rollout.num_updates_per_batch = 1: {}",
+                "rollout.{}",
                 UpdatePlanWarning::SingleUpdate
             ),
             PreflightWarning::LoraWithoutFp32Master { master_dtype } => write!(
