@@ -857,11 +857,9 @@ pub enum PreflightWarning {
 impl fmt::Display for PreflightWarning {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            PreflightWarning::SingleUpdatePerBatch => write!(
-                f,
-                "rollout.{}",
-                UpdatePlanWarning::SingleUpdate
-            ),
+            PreflightWarning::SingleUpdatePerBatch => {
+                write!(f, "rollout.{}", UpdatePlanWarning::SingleUpdate)
+            }
             PreflightWarning::LoraWithoutFp32Master { master_dtype } => write!(
                 f,
                 "model.master_dtype = {master_dtype:?} under LoRA; set \"fp32\": with bf16 masters the ~1e-4 relative RL \
