@@ -171,7 +171,13 @@ fn main() -> Result<()> {
                     seconds: start.elapsed().as_secs_f64(),
                 });
                 let table = SweepTable::new(outcomes.clone());
-                let command = std::env::args().collect::<Vec<_>>().join(" ");
+                // the command as a user types it (argv[0] is this machine's binary path)
+                let command = std::iter::once(
+                    "cargo run --release --example qwen_image_t2i_lora --".to_string(),
+                )
+                .chain(std::env::args().skip(1))
+                .collect::<Vec<_>>()
+                .join(" ");
                 durable::write_atomic(&table_path, table.markdown(&command, &machine()).as_bytes())
                     .with_context(|| format!("writing {}", table_path.display()))?;
                 println!(

@@ -275,13 +275,7 @@ impl<B: Backend> ShapesGenerator<B> {
         prompts: &[S],
         device: &B::Device,
     ) -> Result<QwenImageConditioning<B>, TrainerError> {
-        let tokens = WordTokenizer.encode(prompts)?;
-        let (states, mask) = self.text.forward(&tokens, device);
-        Ok(QwenImageConditioning {
-            encoder_hidden_states: states,
-            encoder_hidden_states_mask: Some(mask),
-            img_shapes: image_shapes(),
-        })
+        text_conditioning(&self.text, prompts, device)
     }
 
     /// Saves the generator: the transformer as a diffusers directory (`transformer/`), the
@@ -329,6 +323,21 @@ impl<B: Backend> ShapesGenerator<B> {
             text_config,
         })
     }
+}
+
+/// The transformer's conditioning of a batch of prompts through the text encoder.
+fn text_conditioning<B: Backend, S: AsRef<str>>(
+    text: &TextEncoder<B>,
+    prompts: &[S],
+    device: &B::Device,
+) -> Result<QwenImageConditioning<B>, TrainerError> {
+    let tokens = WordTokenizer.encode(prompts)?;
+    let (states, mask) = text.forward(&tokens, device);
+    Ok(QwenImageConditioning {
+        encoder_hidden_states: states,
+        encoder_hidden_states_mask: Some(mask),
+        img_shapes: image_shapes(),
+    })
 }
 
 /// The transformer of a generator directory (`transformer/`, a diffusers directory), with the
@@ -651,13 +660,7 @@ impl<B: AutodiffBackend> World<B> for ShapesWorld<B::InnerBackend> {
         prompts: &[&str],
         device: &B::Device,
     ) -> Result<QwenImageConditioning<B::InnerBackend>, TrainerError> {
-        let tokens = WordTokenizer.encode(prompts)?;
-        let (states, mask) = self.text.forward(&tokens, device);
-        Ok(QwenImageConditioning {
-            encoder_hidden_states: states,
-            encoder_hidden_states_mask: Some(mask),
-            img_shapes: image_shapes(),
-        })
+        text_conditioning(&self.text, prompts, device)
     }
 
     fn store_conditioning(

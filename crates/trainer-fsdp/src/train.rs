@@ -614,17 +614,12 @@ where
         GradientsParams::new(),
         Some(SkipReason::DegenerateAdvantages),
     )?;
+    let report = UpdateReport::new(update, step, UpdateTally::<D>::default(), 0, start);
     Ok((
         model,
         UpdateReport {
-            update_index: update.index,
             loss: f64::NAN,
-            micro_batches: Vec::new(),
-            step,
-            num_microbatches: update.micro_batches.len(),
-            samples: 0,
-            transitions: 0,
-            seconds: start.elapsed().as_secs_f64(),
+            ..report
         },
     ))
 }
@@ -702,17 +697,28 @@ where
 {
     let grads = workers.all_reduce_grads::<B, M>(accumulator.grads(), &model)?;
     let (model, step) = optimizer.step(model, grads, None)?;
-    Ok((
-        model,
-        UpdateReport {
+    let samples = update.samples.len();
+    Ok((model, UpdateReport::new(update, step, t, samples, start)))
+}
+
+impl<D> UpdateReport<D> {
+    /// The report of `update` from its tally.
+    fn new(
+        update: &PlannedUpdate,
+        step: StepReport,
+        t: UpdateTally<D>,
+        samples: usize,
+        start: Instant,
+    ) -> Self {
+        Self {
             update_index: update.index,
             loss: t.loss,
             micro_batches: t.micro_batches,
             step,
             num_microbatches: update.micro_batches.len(),
-            samples: update.samples.len(),
+            samples,
             transitions: t.elements,
             seconds: start.elapsed().as_secs_f64(),
-        },
-    ))
+        }
+    }
 }

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use burn::module::AutodiffModule;
 use crash_harness::{Harness, say};
 use gaussian_world::*;
-use trainer_fsdp::{CheckpointStore, StopFlag, TrainerRng, WritePhase, names, read_jsonl};
+use trainer_fsdp::{StopFlag, TrainerRng, WritePhase, names, read_jsonl};
 
 const ROLLOUTS: u64 = 8;
 const FINAL: &str = "final_policy.bin";
@@ -107,47 +107,6 @@ fn the_reward_rises() {
     );
 }
 
-/// One metrics record: its step and its non-timing values.
-type Record = (u64, Vec<(String, Option<f64>)>);
-
-fn metrics(dir: &Path) -> Vec<Record> {
-    read_jsonl(&dir.join("run").join("metrics.jsonl"))
-        .unwrap()
-        .into_iter()
-        .map(|r| {
-            (
-                r.step,
-                r.metrics
-                    .into_iter()
-                    .filter(|(k, _)| !names::is_timing(k))
-                    .collect(),
-            )
-        })
-        .collect()
-}
-
-fn resume_and_check(dir: &Path, reference: &Path, trial: &str) {
-    let last = CheckpointStore::new(dir.join("ckpt"), "t2i", None)
-        .unwrap()
-        .latest_committed()
-        .unwrap()
-        .map(|c| c.iteration);
-    let lines = HARNESS.run_to_end(dir);
-    let expect = format!("START {}", last.map_or(0, |it| it + 1));
-    assert_eq!(
-        lines.iter().find(|l| l.starts_with("START")),
-        Some(&expect),
-        "{trial}: resumed at the wrong rollout: {lines:?}"
-    );
-    assert_eq!(lines.last().map(String::as_str), Some("DONE"), "{trial}");
-    assert_eq!(
-        std::fs::read(dir.join(FINAL)).unwrap(),
-        std::fs::read(reference.join(FINAL)).unwrap(),
-        "{trial}: final parameters differ from the uninterrupted run"
-    );
-    assert_eq!(metrics(dir), metrics(reference), "{trial}: metrics differ");
-}
-
 fn sigkill_and_resume() {
     let start = Instant::now();
     let root = tempfile::tempdir().unwrap();
@@ -195,7 +154,7 @@ fn sigkill_and_resume() {
     for (i, (name, kill)) in trials.iter().enumerate() {
         let dir = root.path().join(format!("trial{i}"));
         kill(&dir);
-        resume_and_check(&dir, &reference, name);
+        HARNESS.resume_and_check(&dir, &reference, name, FINAL);
         println!("test gaussian_loop trial {i} ({name}) ... ok");
     }
     println!(

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use burn::module::AutodiffModule;
 use crash_harness::{Harness, say};
 use shapes_common::*;
-use trainer_fsdp::{CheckpointStore, StopFlag, TrainerRng, WritePhase, names, read_jsonl};
+use trainer_fsdp::{StopFlag, TrainerRng, WritePhase};
 
 const ROLLOUTS: u64 = 4;
 const FINAL: &str = "final_adapter.bin";
@@ -74,52 +74,13 @@ fn prepare(dir: &Path, generator: &Path) {
     copy_dir(generator, &dir.join("generator"));
 }
 
-/// The deterministic part of every metrics record (timings dropped).
-/// One metrics record: its step and its values.
-type Record = (u64, Vec<(String, Option<f64>)>);
-
-fn metrics(dir: &Path) -> Vec<Record> {
-    read_jsonl(&dir.join("run").join("metrics.jsonl"))
-        .unwrap()
-        .into_iter()
-        .map(|r| {
-            (
-                r.step,
-                r.metrics
-                    .into_iter()
-                    .filter(|(k, _)| !names::is_timing(k))
-                    .collect(),
-            )
-        })
-        .collect()
-}
-
 fn resume_and_check(dir: &Path, reference: &Path, trial: &str) {
-    let last = CheckpointStore::new(dir.join("ckpt"), "t2i", None)
-        .unwrap()
-        .latest_committed()
-        .unwrap()
-        .map(|c| c.iteration);
-    let lines = HARNESS.run_to_end(dir);
-    let expect = format!("START {}", last.map_or(0, |it| it + 1));
-    assert_eq!(
-        lines.iter().find(|l| l.starts_with("START")),
-        Some(&expect),
-        "{trial}: resumed at the wrong rollout: {lines:?}"
-    );
-    assert_eq!(lines.last().map(String::as_str), Some("DONE"), "{trial}");
-    assert_eq!(
-        std::fs::read(dir.join(FINAL)).unwrap(),
-        std::fs::read(reference.join(FINAL)).unwrap(),
-        "{trial}: final parameters differ from the uninterrupted run"
-    );
-    let ours = metrics(dir);
+    let ours = HARNESS.resume_and_check(dir, reference, trial, FINAL);
     assert_eq!(
         ours.iter().map(|r| r.0).collect::<Vec<_>>(),
         (0..ROLLOUTS).collect::<Vec<_>>(),
         "{trial}"
     );
-    assert_eq!(ours, metrics(reference), "{trial}: metrics differ");
 }
 
 fn parent() {

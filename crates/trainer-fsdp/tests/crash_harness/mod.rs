@@ -10,6 +10,28 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use trainer_fsdp::{CheckpointStore, names, read_jsonl};
+
+/// One metrics record: its step and its non-timing values.
+pub type Record = (u64, Vec<(String, Option<f64>)>);
+
+/// The deterministic part of a run directory's metrics log (timings dropped).
+pub fn metrics(run_dir: &Path) -> Vec<Record> {
+    read_jsonl(&run_dir.join("metrics.jsonl"))
+        .unwrap()
+        .into_iter()
+        .map(|r| {
+            (
+                r.step,
+                r.metrics
+                    .into_iter()
+                    .filter(|(k, _)| !names::is_timing(k))
+                    .collect(),
+            )
+        })
+        .collect()
+}
+
 /// Prints one progress line and flushes it, so the parent reads it before the child goes on.
 pub fn say(line: &str) {
     let mut out = std::io::stdout().lock();
@@ -97,5 +119,44 @@ impl Harness {
         std::thread::sleep(delay);
         let _ = child.kill();
         child.wait().unwrap();
+    }
+
+    /// Resumes the killed run in `dir` (checkpoints under `dir/ckpt`, metrics under
+    /// `dir/run`, its final parameters written to `dir/<final_file>` by the child) to its end,
+    /// and checks it against the uninterrupted `reference`: it restarts right after the last
+    /// committed checkpoint, ends with the same parameters bit for bit and logs the same
+    /// non-timing metrics. Returns those metrics.
+    pub fn resume_and_check(
+        &self,
+        dir: &Path,
+        reference: &Path,
+        trial: &str,
+        final_file: &str,
+    ) -> Vec<Record> {
+        let last = CheckpointStore::new(dir.join("ckpt"), "t2i", None)
+            .unwrap()
+            .latest_committed()
+            .unwrap()
+            .map(|c| c.iteration);
+        let lines = self.run_to_end(dir);
+        let expect = format!("START {}", last.map_or(0, |it| it + 1));
+        assert_eq!(
+            lines.iter().find(|l| l.starts_with("START")),
+            Some(&expect),
+            "{trial}: resumed at the wrong rollout: {lines:?}"
+        );
+        assert_eq!(lines.last().map(String::as_str), Some("DONE"), "{trial}");
+        assert_eq!(
+            std::fs::read(dir.join(final_file)).unwrap(),
+            std::fs::read(reference.join(final_file)).unwrap(),
+            "{trial}: final parameters differ from the uninterrupted run"
+        );
+        let ours = metrics(&dir.join("run"));
+        assert_eq!(
+            ours,
+            metrics(&reference.join("run")),
+            "{trial}: metrics differ"
+        );
+        ours
     }
 }
