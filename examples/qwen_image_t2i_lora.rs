@@ -12,6 +12,7 @@
 //! cargo run --release --example qwen_image_t2i_lora
 //! cargo run --release --example qwen_image_t2i_lora -- --set rollout.prompts_per_rollout=4 --set run.num_rollouts=8
 //! cargo run --release --example qwen_image_t2i_lora -- --resume        # continue the last run
+//! cargo run --release --example qwen_image_t2i_lora -- --overwrite     # start again, the old run moved aside
 //! cargo run --release --example qwen_image_t2i_lora -- --seeds 5       # the default over 5 seeds, a table
 //! cargo run --release --features cuda --example qwen_image_t2i_lora -- \
 //!     --recipe qwen_image_t2i_lora --model-path models/Qwen-Image --reward-model-path models/PickScore_v1 --backend cuda
@@ -71,9 +72,23 @@ struct Args {
     /// The PickScore model directory (with --model-path).
     #[arg(long)]
     reward_model_path: Option<PathBuf>,
-    /// Continue from the last committed checkpoint.
+    /// Continue from the last committed checkpoint (an error when none is committed; with
+    /// `--set checkpoint.allow_fresh=true` it starts from scratch instead).
     #[arg(long)]
     resume: bool,
+    /// Continue from this committed iteration instead of the newest (implies --resume); the
+    /// newer checkpoints are moved aside.
+    #[arg(long, value_name = "ITER")]
+    resume_from: Option<u64>,
+    /// With --resume: accept a config that changes results (seed, optimizer, batch, sampling,
+    /// reward, ...) relative to the run being continued, recording the differences in the
+    /// run directory's `config_changes.log`.
+    #[arg(long)]
+    allow_config_changes: bool,
+    /// A fresh run into a directory that holds a run moves the old one aside (into
+    /// `<run dir>/previous-<Unix time>/`) instead of refusing.
+    #[arg(long)]
+    overwrite: bool,
     /// Where the run writes everything: config, metrics, sample grids, `checkpoints/` and
     /// `artifacts/` (default: `<checkpoint.dir>/..`, `runs/shapes-world-lora` for the
     /// embedded default). With --seeds, each seed's run goes to `seed_<N>/` under it.
@@ -102,8 +117,17 @@ fn main() -> Result<()> {
         overrides.extend(run_dir_overrides(dir)?);
     }
     overrides.extend(Override::parse_all(&args.overrides)?);
-    if args.resume {
+    if args.resume || args.resume_from.is_some() {
         overrides.push(Override::parse("checkpoint.resume=true")?);
+    }
+    if let Some(it) = args.resume_from {
+        overrides.push(Override::parse(&format!("checkpoint.resume_from={it}"))?);
+    }
+    if args.allow_config_changes {
+        overrides.push(Override::parse("checkpoint.allow_config_changes=true")?);
+    }
+    if args.overwrite {
+        overrides.push(Override::parse("checkpoint.overwrite=true")?);
     }
     let mut cfg = match &args.config {
         Some(path) => TrainConfig::from_file(path, &overrides)?,
@@ -141,7 +165,7 @@ fn main() -> Result<()> {
             Ok(())
         }
         Some(n) => {
-            if args.resume {
+            if cfg.checkpoint.resume {
                 bail!("--seeds starts every seed's run from scratch; it cannot --resume");
             }
             let table_path = args

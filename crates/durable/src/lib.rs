@@ -18,7 +18,15 @@
 //!   caller that must write several files before any becomes visible).
 //! * [`sync_dir`]: the directory fsync that makes a rename or a removal durable.
 //!
+//! * [`remove_file`] / [`remove_dir_all`]: removals, each a crash point like the steps above.
+//!
 //! Every error names the file and the operation ([`DurableError`]).
+//!
+//! **Crash points.** Every step above (create, write, fsync, rename, directory fsync,
+//! removal) and every [`crash_point`] another crate marks is numbered in order. Built with the
+//! `fault-injection` feature (crash tests only), a process whose environment sets
+//! `DURABLE_KILL_AT=<n>` sends itself SIGKILL just before step `n`, so a test can stop a run at
+//! every step of its protocol deterministically; [`fault::steps`] counts the steps taken.
 //!
 //! ```
 //! let dir = tempfile::tempdir().unwrap();
@@ -59,6 +67,73 @@ pub struct DurableError {
     pub source: std::io::Error,
 }
 
+/// Marks a step of a durable protocol that is not one of this crate's own (an append to a
+/// log, say): a crash point under the `fault-injection` feature, nothing otherwise.
+#[inline]
+pub fn crash_point(op: &'static str, path: &Path) {
+    #[cfg(feature = "fault-injection")]
+    fault::hit(op, path);
+    #[cfg(not(feature = "fault-injection"))]
+    let _ = (op, path);
+}
+
+/// Deterministic crash injection (the `fault-injection` feature; never in a release build of
+/// the trainer).
+#[cfg(feature = "fault-injection")]
+pub mod fault {
+    use std::path::Path;
+    use std::sync::OnceLock;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    /// The variable naming the step before which the process kills itself.
+    pub const KILL_AT_VAR: &str = "DURABLE_KILL_AT";
+
+    static STEPS: AtomicU64 = AtomicU64::new(0);
+    static KILL_AT: OnceLock<Option<u64>> = OnceLock::new();
+
+    /// Steps taken so far by this process.
+    pub fn steps() -> u64 {
+        STEPS.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn hit(op: &'static str, path: &Path) {
+        let n = STEPS.fetch_add(1, Ordering::SeqCst) + 1;
+        let kill_at = *KILL_AT.get_or_init(|| {
+            std::env::var(KILL_AT_VAR)
+                .ok()
+                .and_then(|v| v.trim().parse().ok())
+        });
+        if kill_at == Some(n) {
+            eprintln!("durable: SIGKILL before step {n} ({op} {})", path.display());
+            // SAFETY: getpid and kill are async-signal-safe libc calls with no memory
+            // arguments; the process ends here.
+            #[allow(unsafe_code)]
+            unsafe {
+                libc::kill(libc::getpid(), libc::SIGKILL);
+            }
+            unreachable!("SIGKILL returned");
+        }
+    }
+}
+
+/// Removes a file (a crash point first).
+///
+/// # Errors
+/// [`DurableError`] naming the file.
+pub fn remove_file(path: &Path) -> Result<(), DurableError> {
+    crash_point("remove", path);
+    fs::remove_file(path).map_err(err(path, "remove"))
+}
+
+/// Removes a directory and everything in it (a crash point first).
+///
+/// # Errors
+/// [`DurableError`] naming the directory.
+pub fn remove_dir_all(path: &Path) -> Result<(), DurableError> {
+    crash_point("remove directory", path);
+    fs::remove_dir_all(path).map_err(err(path, "remove"))
+}
+
 fn err(path: &Path, op: &'static str) -> impl FnOnce(std::io::Error) -> DurableError {
     let path = path.to_path_buf();
     move |source| DurableError { path, op, source }
@@ -95,6 +170,7 @@ fn parent_of(dest: &Path) -> &Path {
 /// # Errors
 /// [`DurableError`] naming the directory.
 pub fn sync_dir(dir: &Path) -> Result<(), DurableError> {
+    crash_point("fsync directory", dir);
     #[cfg(unix)]
     File::open(dir)
         .and_then(|d| d.sync_all())
@@ -106,6 +182,7 @@ pub fn sync_dir(dir: &Path) -> Result<(), DurableError> {
 
 /// Renames `tmp` over `dest` and fsyncs `dest`'s directory.
 fn rename_into_place(tmp: &Path, dest: &Path) -> Result<(), DurableError> {
+    crash_point("rename into place", dest);
     fs::rename(tmp, dest).map_err(err(dest, "rename into place"))?;
     sync_dir(parent_of(dest))
 }
@@ -196,6 +273,7 @@ impl AtomicFile {
         let parent = parent_of(dest);
         fs::create_dir_all(parent).map_err(err(parent, "create directory"))?;
         let tmp = tmp_path(dest);
+        crash_point("create", &tmp);
         let f = OpenOptions::new()
             .write(true)
             .create(true)
@@ -236,11 +314,13 @@ impl AtomicFile {
             len: self.len,
             committed: false,
         };
+        crash_point("write", &staged.tmp);
         let f = out.into_inner().map_err(|e| DurableError {
             path: staged.tmp.clone(),
             op: "write",
             source: e.into_error(),
         })?;
+        crash_point("fsync", &staged.tmp);
         f.sync_all().map_err(err(&staged.tmp, "fsync"))?;
         drop(f);
         Ok(staged)

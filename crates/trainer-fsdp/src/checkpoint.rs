@@ -87,8 +87,8 @@ pub struct TrainerState {
     pub optimizer_steps: u64,
     /// Optimizer steps skipped (degenerate advantages, non-finite gradients), cumulative.
     pub optimizer_skips: u64,
-    /// Checkpoint writes that failed, cumulative (always 0: a failed write ends the run; kept
-    /// so the file format stays the same).
+    /// Checkpoint writes that failed and were retried at the next save, cumulative
+    /// (`checkpoint.on_failure = "retry"`).
     pub checkpoint_failures: u64,
     /// Where the metric files ended when this checkpoint was taken.
     pub metrics_cursor: MetricsCursor,
@@ -428,10 +428,10 @@ impl CheckpointStore {
     fn remove_checkpoint(&self, dir: &Path) -> Result<(), TrainerError> {
         let marker = dir.join(COMMITTED_FILE);
         if marker.exists() {
-            fs::remove_file(&marker).map_err(io_err(&marker, "remove"))?;
+            durable::remove_file(&marker)?;
             durable::sync_dir(dir)?;
         }
-        fs::remove_dir_all(dir).map_err(io_err(dir, "remove checkpoint"))?;
+        durable::remove_dir_all(dir)?;
         Ok(())
     }
 

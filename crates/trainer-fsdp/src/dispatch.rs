@@ -133,7 +133,7 @@ impl<B: AutodiffBackend> Job<B> for TrainJob<B> {
     ) -> Result<RunSummary, TrainerError> {
         let cfg = self.cfg;
         println!(
-            "flowrl {} ({}) in the {}: {} rollouts of {} prompts x {} candidates, {} steps (trained {:?}), LoRA rank {}, lr {}, seed {}; run directory {}",
+            "flowrl {} ({}) in the {}: {} rollouts of {} prompts x {} candidates, {} steps ({}), LoRA rank {}, lr {}, seed {}; run directory {}",
             algorithm.name(),
             cfg.recipe.map(|r| r.as_str()).unwrap_or("config file"),
             world.name(),
@@ -141,7 +141,7 @@ impl<B: AutodiffBackend> Job<B> for TrainJob<B> {
             cfg.rollout.prompts_per_rollout,
             cfg.rollout.group_size,
             cfg.sampling.num_inference_steps,
-            cfg.sampling.sde_pool,
+            trained_steps(&cfg),
             cfg.lora_rank(),
             cfg.optimizer.lr,
             cfg.run.seed,
@@ -158,5 +158,18 @@ impl<B: AutodiffBackend> Job<B> for TrainJob<B> {
             workers,
         )?;
         run.run(&self.stop)
+    }
+}
+
+/// The banner's description of the trained steps.
+fn trained_steps(cfg: &TrainConfig) -> String {
+    let s = &cfg.sampling;
+    match (&s.sde_pool, &s.sde_indices) {
+        (Some(pool), _) if s.sde_resample_per_rollout => format!(
+            "{} trained, redrawn per rollout from {pool:?}",
+            s.num_sde_steps
+        ),
+        (_, Some(fixed)) => format!("trained {fixed:?}"),
+        _ => format!("{} trained", s.num_sde_steps),
     }
 }

@@ -327,6 +327,107 @@ pub enum TrainerError {
         source: serde_json::Error,
     },
 
+    /// A metric file does not hold what a checkpoint's metrics cursor keeps.
+    #[error("{path}: {problem}")]
+    MetricsCursor {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        problem: String,
+    },
+
+    /// Another run holds the run directory's lock.
+    #[error(
+        "run directory {dir} is in use by {holder}: one run at a time per directory; wait for \
+         it, stop it, or choose another run directory"
+    )]
+    RunDirLocked {
+        /// The run directory.
+        dir: PathBuf,
+        /// Who holds it ([`LockHolder`](crate::run_dir::LockHolder), as text).
+        holder: String,
+    },
+
+    /// A fresh run into a directory that holds a run.
+    #[error(
+        "{dir} holds a run ({}); a fresh run would destroy it, so nothing was written: continue \
+         it with --resume (checkpoint.resume = true), move it aside with --overwrite \
+         (checkpoint.overwrite = true), or choose another run directory",
+        Paths(found)
+    )]
+    RunDirNotEmpty {
+        /// The run directory.
+        dir: PathBuf,
+        /// The run files found.
+        found: Vec<PathBuf>,
+    },
+
+    /// A resume found no committed checkpoint.
+    #[error(
+        "nothing to resume: no committed checkpoint in {dir}{}; start afresh with --overwrite \
+         (moves any old files aside), or let a resume start from scratch when nothing is \
+         committed with checkpoint.allow_fresh = true",
+        Found(found)
+    )]
+    NothingToResume {
+        /// The checkpoint task directory.
+        dir: PathBuf,
+        /// Run files that exist all the same.
+        found: Vec<PathBuf>,
+    },
+
+    /// `checkpoint.resume_from` names an iteration that is not committed.
+    #[error(
+        "checkpoint.resume_from = {iteration}: no committed checkpoint of that iteration in \
+         {dir}; committed: {}",
+        Iterations(committed)
+    )]
+    ResumeFromMissing {
+        /// The checkpoint task directory.
+        dir: PathBuf,
+        /// The iteration asked for.
+        iteration: u64,
+        /// The committed iterations.
+        committed: Vec<u64>,
+    },
+
+    /// The checkpoint a resume chose cannot be loaded.
+    #[error("cannot resume from checkpoint {dir}: {cause}{}", Fallback(older))]
+    ResumeFailed {
+        /// The checkpoint's directory.
+        dir: PathBuf,
+        /// The committed iterations older than it.
+        older: Vec<u64>,
+        /// Why it cannot be loaded.
+        cause: Box<TrainerError>,
+    },
+
+    /// A resume whose config changed keys that change results.
+    #[error(
+        "resume refused: the experiment differs from the one {path} records ({} \
+         difference(s)):{}\nthese keys change results; allow the change with \
+         --allow-config-changes (checkpoint.allow_config_changes = true), which records it in \
+         the run directory",
+        differences.len(),
+        Bullets(differences)
+    )]
+    ConfigChanged {
+        /// The stored resolved config.
+        path: PathBuf,
+        /// The differences that are refused.
+        differences: Vec<crate::run_dir::ConfigDifference>,
+    },
+
+    /// A resume cannot check its config against the run it continues.
+    #[error(
+        "resume refused: {path} is missing, so an unchanged experiment cannot be checked; \
+         allow it with --allow-config-changes (checkpoint.allow_config_changes = true)"
+    )]
+    ResumeConfigMissing {
+        /// The missing stored config.
+        path: PathBuf,
+    },
+
     /// The Ctrl-C / SIGTERM handler could not be installed.
     #[error("cannot install the {signal} handler")]
     Signal {
@@ -336,6 +437,60 @@ pub enum TrainerError {
         #[source]
         source: std::io::Error,
     },
+}
+
+struct Paths<'a>(&'a [PathBuf]);
+
+impl fmt::Display for Paths<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, p) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            write!(f, "{}", p.display())?;
+        }
+        Ok(())
+    }
+}
+
+struct Found<'a>(&'a [PathBuf]);
+
+impl fmt::Display for Found<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0.is_empty() {
+            Ok(())
+        } else {
+            write!(f, " (though {} exist)", Paths(self.0))
+        }
+    }
+}
+
+struct Iterations<'a>(&'a [u64]);
+
+impl fmt::Display for Iterations<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0.is_empty() {
+            return f.write_str("none");
+        }
+        let s: Vec<String> = self.0.iter().map(u64::to_string).collect();
+        f.write_str(&s.join(", "))
+    }
+}
+
+struct Fallback<'a>(&'a [u64]);
+
+impl fmt::Display for Fallback<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0.last() {
+            None => f.write_str("; no older committed checkpoint to fall back on"),
+            Some(last) => write!(
+                f,
+                "; older committed checkpoints: {}; resume from one with --resume-from {last} \
+                 (checkpoint.resume_from = {last}), which moves the newer ones aside",
+                Iterations(self.0)
+            ),
+        }
+    }
 }
 
 struct Moved<'a>(&'a [(String, String)]);

@@ -52,6 +52,7 @@ pub mod monitor;
 mod rng;
 pub mod rollout;
 pub mod run;
+pub mod run_dir;
 pub mod scorers;
 pub mod shapes_world;
 pub mod signal;
@@ -68,10 +69,10 @@ pub use checkpoint::{
 pub use clip::{CLIP_EPSILON, ClipReport, clip_grad_norm, global_grad_norm};
 pub use config::{
     AdamWSettings, AdvantageStdMode, AlgorithmPlan, AlgorithmSection, BatchGeometry,
-    FlowGrpoSection, GENERATION_TASKS, LrSchedulerKind, MOVED_KEYS, MasterDtype, Override,
-    OverrideProblem, Preflight, PreflightProblem, PreflightWarning, ProgressMode, RecipeName,
-    SchedulerSource, ScorerSpec, SdeKind, SolverKind, StorageKind, TrainConfig, Trainable,
-    TrainableMode,
+    CheckpointFailurePolicy, FlowGrpoSection, GENERATION_TASKS, LrSchedulerKind, MOVED_KEYS,
+    MasterDtype, Override, OverrideProblem, Preflight, PreflightProblem, PreflightWarning,
+    ProgressMode, RecipeName, SchedulerSource, ScorerSpec, SdeKind, SolverKind, StorageKind,
+    TrainConfig, Trainable, TrainableMode,
 };
 pub use error::{CheckpointProblem, DrawingProblem, TrainerError};
 pub use lr::{LrDecay, LrSchedule, LrScheduler};

@@ -53,14 +53,15 @@ use trajectory::{
 };
 
 use crate::algorithm::Algorithm;
-use crate::checkpoint::{CheckpointStore, Resume, TrainerState};
-use crate::config::{Preflight, TrainConfig};
-use crate::error::{TrainerError, io_err};
+use crate::checkpoint::{CheckpointStore, TrainerState};
+use crate::config::{CheckpointFailurePolicy, Preflight, TrainConfig};
+use crate::error::{DrawingProblem, TrainerError, io_err};
 use crate::monitor::{
     Metrics, Monitor, Progress, names, sample_grid, write_png, write_reward_curve,
 };
 use crate::rng::TrainerRng;
 use crate::rollout::{SamplerSpec, sample_in_chunks};
+use crate::run_dir::{self, RunLock, StartFrom};
 use crate::signal::StopFlag;
 use crate::train::{
     AdamWOptimizer, PolicyOptimizer, UpdateReport, advantage_metrics, failure_messages,
@@ -241,6 +242,10 @@ where
     layout: ArtifactLayout,
     run_dir: PathBuf,
     weight_hash: Digest,
+    /// Checkpoint writes that failed and were retried (restored on resume).
+    checkpoint_failures: u64,
+    /// The run directory's lock, held for the run's life.
+    _lock: RunLock,
 }
 
 impl<B, W, A, K> Run<B, W, A, K>
@@ -250,11 +255,16 @@ where
     A: Algorithm<B, W>,
     K: Workers,
 {
-    /// Loads the world's policy, attaches the adapter, and resumes from the last committed
-    /// checkpoint when `checkpoint.resume` is set. Writes the resolved config into `run_dir`.
+    /// Locks and checks the run directory ([`run_dir::prepare`]: nothing is written into a
+    /// locked directory, a directory holding another run, or for a resume that changed the
+    /// experiment), loads the world's policy, attaches the adapter, and resumes from the
+    /// chosen committed checkpoint when `checkpoint.resume` is set, after checking the metric
+    /// files it keeps. Then writes the resolved config into `run_dir`.
     ///
     /// # Errors
-    /// Policy loading, checkpoint and IO errors.
+    /// The run directory's refusals ([`run_dir::prepare`]), policy loading,
+    /// [`TrainerError::ResumeFailed`] for a checkpoint that cannot be loaded (naming the older
+    /// committed ones), metric-file, checkpoint and IO errors.
     pub fn new(
         cfg: TrainConfig,
         pre: Preflight,
@@ -264,8 +274,30 @@ where
         algorithm: A,
         workers: K,
     ) -> Result<Self, TrainerError> {
-        std::fs::create_dir_all(run_dir).map_err(io_err(run_dir, "create the run directory"))?;
-        cfg.save_resolved(run_dir)?;
+        let store = CheckpointStore::new(
+            &cfg.checkpoint.dir,
+            &cfg.run.task,
+            cfg.checkpoint.max_to_keep,
+        )?;
+        let layout = ArtifactLayout::new(&cfg.artifacts.root, &cfg.run.task)?;
+        let prepared = run_dir::prepare(run_dir, &cfg, &store, &layout)?;
+        if let Some(holder) = &prepared.stale {
+            println!(
+                "note: the lock of {} still named {holder}, which no longer holds it (that run \
+                 was killed or its machine stopped); taking it over",
+                run_dir.display()
+            );
+        }
+        if let Some(dest) = &prepared.moved_to {
+            println!(
+                "moved the previous run in {} aside into {}",
+                run_dir.display(),
+                dest.display()
+            );
+        }
+        for c in &prepared.changes {
+            println!("resuming with an allowed config change: {c}");
+        }
         let loaded = world.load_policy(&pre.trainable, cfg.run.seed, &device)?;
         let mut model = loaded.model;
         let contract = loaded.contract;
@@ -275,39 +307,67 @@ where
             cfg.optimizer.clip_grad,
             cfg.model.master_dtype,
         );
-        let store = CheckpointStore::new(
-            &cfg.checkpoint.dir,
-            &cfg.run.task,
-            cfg.checkpoint.max_to_keep,
-        )?;
         let mut rng = TrainerRng::seeded(cfg.run.seed);
         let mut next_rollout = 0;
         let mut cursor = None;
-        if cfg.checkpoint.resume {
-            match store.resume(
-                model,
-                optimizer.optimizer().clone(),
-                contract.as_ref(),
-                &device,
-            )? {
-                Resume::Fresh { model: m, .. } => model = m,
-                Resume::Resumed(r) => {
+        let mut checkpoint_failures = 0;
+        match prepared.start {
+            StartFrom::Scratch => {
+                if cfg.checkpoint.resume {
                     println!(
-                        "resuming from committed checkpoint {} (next rollout {})",
-                        r.checkpoint.iteration,
-                        r.state.next_rollout_id()
+                        "no committed checkpoint in {}: starting from scratch \
+                         (checkpoint.allow_fresh)",
+                        store.task_dir().display()
                     );
-                    optimizer.set_optimizer(r.optimizer);
-                    optimizer.restore(&r.state);
-                    model = r.model;
-                    rng = r.rng;
-                    next_rollout = r.state.next_rollout_id();
-                    cursor = Some(r.state.metrics_cursor);
                 }
             }
+            StartFrom::Checkpoint {
+                checkpoint,
+                older,
+                newer,
+            } => {
+                let r = store
+                    .load(
+                        &checkpoint,
+                        model,
+                        optimizer.optimizer().clone(),
+                        contract.as_ref(),
+                        &device,
+                    )
+                    .map_err(|cause| TrainerError::ResumeFailed {
+                        dir: checkpoint.dir.clone(),
+                        older,
+                        cause: Box::new(cause),
+                    })?;
+                Monitor::check_resume(
+                    run_dir,
+                    r.state.metrics_cursor,
+                    cfg.monitor.jsonl,
+                    cfg.monitor.tensorboard,
+                )?;
+                if let Some(dest) = run_dir::set_aside_newer(&store, &newer)? {
+                    println!(
+                        "moved the checkpoints newer than {} aside into {}",
+                        checkpoint.iteration,
+                        dest.display()
+                    );
+                }
+                println!(
+                    "resuming from committed checkpoint {} (next rollout {})",
+                    r.checkpoint.iteration,
+                    r.state.next_rollout_id()
+                );
+                optimizer.set_optimizer(r.optimizer);
+                optimizer.restore(&r.state);
+                model = r.model;
+                rng = r.rng;
+                next_rollout = r.state.next_rollout_id();
+                cursor = Some(r.state.metrics_cursor);
+                checkpoint_failures = r.state.checkpoint_failures;
+            }
         }
+        cfg.save_resolved(run_dir)?;
         let monitor = Monitor::open(run_dir, cursor, cfg.monitor.jsonl, cfg.monitor.tensorboard)?;
-        let layout = ArtifactLayout::new(&cfg.artifacts.root, &cfg.run.task)?;
         let spec = SamplerSpec {
             sigmas: pre.schedule.sigmas.as_slice().to_vec(),
             kernel: match pre.sde {
@@ -336,6 +396,8 @@ where
             layout,
             run_dir: run_dir.to_path_buf(),
             weight_hash: loaded.weight_hash,
+            checkpoint_failures,
+            _lock: prepared.lock,
         })
     }
 
@@ -658,7 +720,7 @@ where
                 })
                 .collect();
             let grid = sample_grid(&tiles, None, 8)?;
-            let dir = self.run_dir.join("samples");
+            let dir = self.run_dir.join(run_dir::SAMPLES_DIR);
             std::fs::create_dir_all(&dir).map_err(io_err(&dir, "create the samples directory"))?;
             write_png(&dir.join(format!("eval_{tag}.png")), &grid)?;
         }
@@ -680,6 +742,7 @@ where
         let mut state = TrainerState::new(&self.cfg.run.task, rollout_id);
         self.optimizer.record_into(&mut state);
         state.metrics_cursor = self.monitor.cursor();
+        state.checkpoint_failures = self.checkpoint_failures;
         self.store.save(
             self.model(),
             self.optimizer.optimizer(),
@@ -750,10 +813,13 @@ where
             total.saturating_sub(self.next_rollout),
             self.cfg.monitor.progress,
         );
+        let mut committed = self.store.latest_committed()?.map(|c| c.iteration);
         while self.next_rollout < total {
             let id = self.next_rollout;
             let mut metrics = Metrics::new();
             let t0 = Instant::now();
+            // the state after the last complete rollout, for a stop before this one trains
+            let rng_before = self.rng.clone();
             let prompts = self
                 .world
                 .train_prompts(&mut self.rng, self.cfg.rollout.prompts_per_rollout)?;
@@ -763,6 +829,31 @@ where
             let t1 = Instant::now();
             let groups = self.score(&batch)?;
             let t_score = t1.elapsed().as_secs_f64();
+            if stop.is_set() {
+                // nothing of rollout `id` has changed the weights yet: drop it and keep the
+                // state after rollout `id - 1`
+                self.rng = rng_before;
+                summary.stopped = true;
+                match id.checked_sub(1) {
+                    Some(prev) if committed != Some(prev) => {
+                        self.checkpoint(prev)?;
+                        println!(
+                            "stop requested during rollout {id}: its samples are dropped; \
+                             checkpoint after rollout {prev} committed (resume with --resume)"
+                        );
+                    }
+                    Some(prev) => println!(
+                        "stop requested during rollout {id}: its samples are dropped; the \
+                         checkpoint after rollout {prev} was already committed (resume with \
+                         --resume)"
+                    ),
+                    None => println!(
+                        "stop requested during the first rollout: nothing completed, nothing \
+                         to checkpoint"
+                    ),
+                }
+                break;
+            }
             let adv = crate::train::advantages(&self.pre.advantages, &groups, None)?;
             for line in failure_messages(&adv) {
                 println!("rollout {id}: {line}");
@@ -777,6 +868,10 @@ where
             metrics.insert(
                 names::TRAIN_POLICY_VERSION.into(),
                 self.optimizer.policy_version() as f64,
+            );
+            metrics.insert(
+                names::TRAIN_CHECKPOINT_FAILURES.into(),
+                self.checkpoint_failures as f64,
             );
             let n = batch.samples.len() as f64;
             metrics.insert(names::phase_time("rollout"), t_rollout);
@@ -819,8 +914,26 @@ where
                 && self
                     .next_rollout
                     .is_multiple_of(self.cfg.checkpoint.save_interval);
-            if save_now || self.next_rollout == total || stop.is_set() {
-                self.checkpoint(id)?;
+            let last = self.next_rollout == total || stop.is_set();
+            if save_now || last {
+                match self.checkpoint(id) {
+                    Ok(()) => committed = Some(id),
+                    Err(e @ TrainerError::Io { .. })
+                        if !last
+                            && self.cfg.checkpoint.on_failure == CheckpointFailurePolicy::Retry =>
+                    {
+                        self.checkpoint_failures += 1;
+                        println!(
+                            "warning: the checkpoint after rollout {id} failed ({} so far): {}; \
+                             the run goes on and tries again at the next save \
+                             (checkpoint.on_failure = \"retry\"); the last committed one is {}",
+                            self.checkpoint_failures,
+                            error_chain(&e),
+                            committed.map_or_else(|| "none".into(), |c| c.to_string()),
+                        );
+                    }
+                    Err(e) => return Err(e),
+                }
             }
             if stop.is_set() {
                 println!("stop requested: checkpoint after rollout {id} committed");
@@ -839,12 +952,19 @@ where
                 .first()
                 .cloned()
                 .unwrap_or_default();
-            write_reward_curve(
+            match write_reward_curve(
                 &jsonl,
                 &[reward_metric.as_str(), EVAL_REWARD],
-                &self.run_dir.join("reward_curve.png"),
+                &self.run_dir.join(run_dir::REWARD_CURVE_FILE),
                 &format!("{first} reward"),
-            )?;
+            ) {
+                // nothing logged yet (a stop during the first rollout): no curve to draw
+                Err(TrainerError::Drawing {
+                    problem: DrawingProblem::Empty,
+                    ..
+                }) => {}
+                other => other?,
+            }
         }
         summary.seconds = start.elapsed().as_secs_f64();
         Ok(summary)
@@ -928,6 +1048,18 @@ where
         .collect();
     let categories: Vec<&str> = held.iter().map(|h| h.category.as_str()).collect();
     Ok((samples, eval_statistics(&rewards, &categories, k)))
+}
+
+/// An error and its sources on one line (`a: b: c`).
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        out.push_str(": ");
+        out.push_str(&c.to_string());
+        cause = c.source();
+    }
+    out
 }
 
 fn print_eval(when: &str, e: &EvalReport) {

@@ -1,12 +1,14 @@
 //! The generic run in a second world, from outside the crate: the analytic Gaussian world
 //! (`gaussian_world/`) goes through rollout, score, advantages, train, evaluate and
 //! checkpoint in the same code as the shapes world, its held-out reward rises, and a run
-//! killed by SIGKILL at any point resumes to the same end, bit for bit.
+//! killed by SIGKILL at any point — at random times, inside the checkpoint write window, and
+//! before every one of its durable steps — resumes to the same end, bit for bit.
 //!
 //! This test binary is also the child: with `GAUSSIAN_CHILD_DIR` set it runs the loop for
-//! `ROLLOUTS` rollouts (a checkpoint after each), resuming from the last committed one,
-//! printing `PHASE <iteration> <phase>` after each durable step of a checkpoint write and
-//! sleeping `GAUSSIAN_CHILD_SLOW_MS`, and finally writing the policy's parameters to a file.
+//! `ROLLOUTS` rollouts (`DURABLE_ROLLOUTS` under a `durable/` directory), a checkpoint after
+//! each, resuming from the last committed one, printing `PHASE <iteration> <phase>` after each
+//! durable step of a checkpoint write and sleeping `GAUSSIAN_CHILD_SLOW_MS`, and finally
+//! writing the policy's parameters to a file.
 
 mod crash_harness;
 mod gaussian_world;
@@ -21,12 +23,23 @@ use gaussian_world::*;
 use trainer_fsdp::{StopFlag, TrainerRng, WritePhase, names, read_jsonl};
 
 const ROLLOUTS: u64 = 8;
+/// Rollouts of the child runs under a `durable/` directory (the kill-before-every-step trials:
+/// three rollouts cover every kind of durable step — config, sidecars, evaluation grids, metric
+/// appends, every checkpoint file, markers and a rotation — in a few hundred steps).
+const DURABLE_ROLLOUTS: &str = "3";
+const ROLLOUTS_VAR: &str = "GAUSSIAN_CHILD_ROLLOUTS";
 const FINAL: &str = "final_policy.bin";
 
 const HARNESS: Harness = Harness {
     dir_var: "GAUSSIAN_CHILD_DIR",
     slow_var: "GAUSSIAN_CHILD_SLOW_MS",
-    extra_env: |_| Vec::new(),
+    extra_env: |dir| {
+        if dir.components().any(|c| c.as_os_str() == "durable") {
+            vec![(ROLLOUTS_VAR, DURABLE_ROLLOUTS)]
+        } else {
+            Vec::new()
+        }
+    },
     show_stderr: false,
 };
 
@@ -48,10 +61,18 @@ fn delta(run: &GaussianRun) -> Vec<f32> {
 
 fn child(dir: &Path) {
     let slow = HARNESS.slow();
+    let rollouts = std::env::var(ROLLOUTS_VAR)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(ROLLOUTS);
     let run = start(
         dir,
-        ROLLOUTS,
-        &["checkpoint.resume=true", "checkpoint.max_to_keep=2"],
+        rollouts,
+        &[
+            "checkpoint.resume=true",
+            "checkpoint.allow_fresh=true",
+            "checkpoint.max_to_keep=2",
+        ],
     );
     say(&format!("START {}", run.next_rollout()));
     let mut run = run.with_checkpoint_hook(Arc::new(move |it, phase| {
@@ -59,6 +80,7 @@ fn child(dir: &Path) {
         std::thread::sleep(slow);
     }));
     run.run(&StopFlag::new()).unwrap();
+    say(&format!("STEPS {}", durable::fault::steps()));
     let bits: Vec<u8> = delta(&run)
         .into_iter()
         .flat_map(|v| v.to_bits().to_le_bytes())
@@ -164,7 +186,46 @@ fn sigkill_and_resume() {
     );
 }
 
+/// SIGKILL before every durable step of the run (each create, write, fsync, rename,
+/// directory fsync and removal of its checkpoints, sidecars, markers, metric appends and
+/// config, numbered by `durable`'s crash points), each followed by a resume that must end
+/// exactly where the uninterrupted run ended.
+fn kill_before_every_durable_step() {
+    let start = Instant::now();
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("durable");
+    let reference = root.join("reference");
+    let lines = HARNESS.run_to_end(&reference);
+    let steps: u64 = lines
+        .iter()
+        .find_map(|l| l.strip_prefix("STEPS "))
+        .expect("the child counts its durable steps")
+        .parse()
+        .unwrap();
+    assert!(steps >= 100, "only {steps} durable steps");
+    for step in 1..=steps {
+        let dir = root.join(format!("step{step}"));
+        assert!(
+            HARNESS.kill_before_step(&dir, step),
+            "the run ended before durable step {step} of {steps}"
+        );
+        HARNESS.resume_and_check(
+            &dir,
+            &reference,
+            &format!("SIGKILL before durable step {step}"),
+            FINAL,
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+    println!(
+        "test gaussian_loop SIGKILL before each of {steps} durable steps ... ok ({steps} kill \
+         points, 0 failures, {:.1}s)",
+        start.elapsed().as_secs_f64()
+    );
+}
+
 fn parent() {
     the_reward_rises();
     sigkill_and_resume();
+    kill_before_every_durable_step();
 }

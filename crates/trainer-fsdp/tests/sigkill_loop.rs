@@ -51,6 +51,7 @@ fn child(dir: &Path) {
         &[
             "eval.interval=0",
             "checkpoint.resume=true",
+            "checkpoint.allow_fresh=true",
             "checkpoint.max_to_keep=2",
         ],
         Box::new(Brightness),

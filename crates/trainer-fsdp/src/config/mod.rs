@@ -632,8 +632,44 @@ pub struct CheckpointSection {
     /// Committed checkpoints kept; `None` keeps all.
     #[serde(default)]
     pub max_to_keep: Option<usize>,
-    /// Continue from the last committed checkpoint under `dir`.
+    /// Continue from the last committed checkpoint under `dir` (`--resume`); with none
+    /// committed that is an error unless `allow_fresh`.
     pub resume: bool,
+    /// With `resume` and no committed checkpoint, start from scratch (saying so) instead of
+    /// failing: for jobs that are restarted blindly after a crash.
+    #[serde(default)]
+    pub allow_fresh: bool,
+    /// With `resume`, continue from this committed iteration instead of the newest
+    /// (`--resume-from`); the newer checkpoints are moved aside once it has loaded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resume_from: Option<u64>,
+    /// With `resume`, accept a config that changes results (seed, optimizer, algorithm, batch
+    /// geometry, sampling, reward, ...) relative to the run being continued, recording the
+    /// differences in the run directory (`--allow-config-changes`).
+    #[serde(default)]
+    pub allow_config_changes: bool,
+    /// A fresh run into a directory holding a run moves the old run aside (into
+    /// `<run dir>/previous-<Unix time>/`) instead of refusing (`--overwrite`).
+    #[serde(default)]
+    pub overwrite: bool,
+    /// What a failed checkpoint write does (seed 002: logged loudly, counted in
+    /// `train/checkpoint_failures`, not fatal).
+    #[serde(default)]
+    pub on_failure: CheckpointFailurePolicy,
+}
+
+/// `checkpoint.on_failure`: what a checkpoint write that fails with an IO error (disk full, a
+/// read-only or vanished directory) does.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CheckpointFailurePolicy {
+    /// Warn, count it in `train/checkpoint_failures` and try again at the next save; the last
+    /// checkpoint of a run (its end, or a stop request) is fatal all the same, as there is no
+    /// next one.
+    #[default]
+    Retry,
+    /// End the run with the error.
+    Fatal,
 }
 
 /// `[artifacts]`: trajectory sidecars and images.

@@ -103,6 +103,11 @@ impl TrainConfig {
                 save_interval: 20,
                 max_to_keep: Some(10),
                 resume: false,
+                allow_fresh: false,
+                resume_from: None,
+                allow_config_changes: false,
+                overwrite: false,
+                on_failure: CheckpointFailurePolicy::Retry,
             },
             artifacts: ArtifactSection {
                 root: run_dir.join("artifacts"),
@@ -195,7 +200,7 @@ impl TrainConfig {
             dir: run_dir.join("checkpoints"),
             save_interval: 4,
             max_to_keep: Some(3),
-            resume: false,
+            ..c.checkpoint
         };
         c.artifacts.root = run_dir.join("artifacts");
         c.eval = EvalSection {

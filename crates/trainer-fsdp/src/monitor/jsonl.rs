@@ -94,6 +94,7 @@ impl JsonlWriter {
             source,
         })?;
         line.push('\n');
+        durable::crash_point("append to", &self.path);
         self.file
             .write_all(line.as_bytes())
             .and_then(|()| self.file.flush())
@@ -109,6 +110,15 @@ impl JsonlWriter {
 /// [`TrainerError::Io`], [`TrainerError::MetricsLine`] naming the line.
 pub fn read_jsonl(path: &Path) -> Result<Vec<MetricsRecord>, TrainerError> {
     let text = std::fs::read_to_string(path).map_err(io_err(path, "read"))?;
+    parse_jsonl(&text, path)
+}
+
+/// Parses the text of a metrics JSONL file (`path` names it in errors); blank lines are
+/// skipped.
+///
+/// # Errors
+/// [`TrainerError::MetricsLine`] naming the first bad line.
+pub fn parse_jsonl(text: &str, path: &Path) -> Result<Vec<MetricsRecord>, TrainerError> {
     text.lines()
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty())

@@ -20,10 +20,10 @@ use serde::{Deserialize, Serialize};
 use crate::error::TrainerError;
 
 pub use draw::{Rgb, Series, caption_height, plot_curves, sample_grid, write_png};
-pub use jsonl::{JsonlWriter, MetricsRecord, read_jsonl, series};
+pub use jsonl::{JsonlWriter, MetricsRecord, parse_jsonl, read_jsonl, series};
 pub use progress::Progress;
 pub use tensorboard::{
-    EVENTS_FILE, Event, EventWriter, crc32c, encode_event, masked_crc32c, read_events,
+    EVENTS_FILE, Event, EventWriter, crc32c, encode_event, masked_crc32c, parse_events, read_events,
 };
 
 /// The metric files' lengths when a checkpoint was taken.
@@ -153,6 +153,47 @@ impl Monitor {
         })
     }
 
+    /// Checks, writing nothing, that the metric files in `dir` hold what a resume from
+    /// `cursor` keeps: each file at least as long as the cursor says, the JSONL prefix whole
+    /// lines of metrics records, the event-file prefix whole records with valid CRCs. A resumed
+    /// run calls it before any work, so a damaged log is reported before the first rollout
+    /// rather than after the last.
+    ///
+    /// # Errors
+    /// [`TrainerError::MetricsCursor`], [`TrainerError::MetricsLine`],
+    /// [`TrainerError::EventFile`], [`TrainerError::Io`].
+    pub fn check_resume(
+        dir: &Path,
+        cursor: MetricsCursor,
+        jsonl: bool,
+        tensorboard: bool,
+    ) -> Result<(), TrainerError> {
+        if jsonl {
+            let path = dir.join(JSONL_FILE);
+            let bytes = read_prefix(&path, cursor.jsonl_bytes)?;
+            if bytes.last().is_some_and(|b| *b != b'\n') {
+                return Err(TrainerError::MetricsCursor {
+                    path,
+                    problem: format!(
+                        "the checkpoint's metrics cursor ({} bytes) does not end a line",
+                        cursor.jsonl_bytes
+                    ),
+                });
+            }
+            let text = std::str::from_utf8(&bytes).map_err(|e| TrainerError::MetricsCursor {
+                path: path.clone(),
+                problem: format!("not UTF-8 at byte {}", e.valid_up_to()),
+            })?;
+            parse_jsonl(text, &path)?;
+        }
+        if tensorboard {
+            let path = dir.join(EVENTS_FILE);
+            let bytes = read_prefix(&path, cursor.events_bytes)?;
+            parse_events(&bytes, &path)?;
+        }
+        Ok(())
+    }
+
     /// The run directory.
     pub fn dir(&self) -> &Path {
         &self.dir
@@ -195,4 +236,28 @@ impl Monitor {
             events_bytes: self.events.as_ref().map_or(0, EventWriter::len),
         }
     }
+}
+
+/// The first `keep` bytes of `path` (nothing for `keep == 0`, even when the file is absent).
+fn read_prefix(path: &Path, keep: u64) -> Result<Vec<u8>, TrainerError> {
+    if keep == 0 {
+        return Ok(Vec::new());
+    }
+    let mut bytes = match std::fs::read(path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => return Err(crate::error::io_err(path, "read")(e)),
+    };
+    if (bytes.len() as u64) < keep {
+        return Err(TrainerError::MetricsCursor {
+            path: path.to_path_buf(),
+            problem: format!(
+                "{} bytes, but the checkpoint's metrics cursor keeps {keep}: records up to the \
+                 checkpoint are missing (the file was cut or replaced)",
+                bytes.len()
+            ),
+        });
+    }
+    bytes.truncate(keep as usize);
+    Ok(bytes)
 }

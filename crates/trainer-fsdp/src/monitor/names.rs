@@ -28,6 +28,9 @@ pub const TRAIN_NUM_MICROBATCHES: &str = "train/num_microbatches";
 /// The policy version after the rollout (optimizer steps that changed the weights, since
 /// the start of training).
 pub const TRAIN_POLICY_VERSION: &str = "train/policy_version";
+/// Checkpoint writes that failed and were retried at the next save
+/// (`checkpoint.on_failure = "retry"`), cumulative over the run, resumes included.
+pub const TRAIN_CHECKPOINT_FAILURES: &str = "train/checkpoint_failures";
 /// Max |pi_old anchor - sampler| log-prob over the rollout (0 when the replay reproduces the
 /// sampler bit for bit; float rounding when the sampler's backend fuses what autodiff
 /// decomposes).
@@ -72,6 +75,7 @@ pub const ALL: &[&str] = &[
     TRAIN_OPTIMIZER_SKIPS,
     TRAIN_NUM_MICROBATCHES,
     TRAIN_POLICY_VERSION,
+    TRAIN_CHECKPOINT_FAILURES,
     TRAIN_LOGP_PARITY_MAX_ABS,
     REWARD_ADVANTAGE_MEAN,
     REWARD_ADVANTAGE_STD,

@@ -205,6 +205,7 @@ impl EventWriter {
     /// [`TrainerError::Io`].
     pub fn write_event(&mut self, event: &Event) -> Result<(), TrainerError> {
         let rec = frame(&encode_event(event));
+        durable::crash_point("append to", &self.path);
         self.file
             .write_all(&rec)
             .and_then(|()| self.file.flush())
@@ -342,6 +343,15 @@ fn decode_event(b: &[u8]) -> Option<Event> {
 /// [`TrainerError::Io`], [`TrainerError::EventFile`] naming the damaged record's offset.
 pub fn read_events(path: &Path) -> Result<Vec<Event>, TrainerError> {
     let bytes = std::fs::read(path).map_err(io_err(path, "read"))?;
+    parse_events(&bytes, path)
+}
+
+/// Parses the bytes of an event file (`path` names it in errors), checking both CRCs of
+/// every record; the bytes must end at a record boundary.
+///
+/// # Errors
+/// [`TrainerError::EventFile`] naming the damaged record's offset.
+pub fn parse_events(bytes: &[u8], path: &Path) -> Result<Vec<Event>, TrainerError> {
     let mut out = Vec::new();
     let mut at = 0usize;
     let bad = |offset: usize, problem| TrainerError::EventFile {

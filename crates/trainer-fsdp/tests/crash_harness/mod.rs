@@ -68,7 +68,19 @@ impl Harness {
 
     /// Starts a child working in `dir`.
     pub fn spawn(&self, dir: &Path, slow_ms: u64, stdout: Stdio) -> Child {
+        self.spawn_with(dir, slow_ms, stdout, &[])
+    }
+
+    /// Starts a child working in `dir` with more environment variables.
+    pub fn spawn_with(
+        &self,
+        dir: &Path,
+        slow_ms: u64,
+        stdout: Stdio,
+        env: &[(&str, String)],
+    ) -> Child {
         let mut cmd = Command::new(std::env::current_exe().unwrap());
+        cmd.envs(env.iter().map(|(k, v)| (*k, v.as_str())));
         cmd.env(self.dir_var, dir)
             .env(self.slow_var, slow_ms.to_string())
             .envs((self.extra_env)(dir))
@@ -111,6 +123,20 @@ impl Harness {
         let status = child.wait().unwrap();
         assert!(!hit || !status.success(), "the child was killed");
         hit
+    }
+
+    /// Runs a child that SIGKILLs itself just before its `step`-th durable step
+    /// (`DURABLE_KILL_AT`, the `fault-injection` feature of `durable`); true when it died
+    /// that way, false when it ended first.
+    pub fn kill_before_step(&self, dir: &Path, step: u64) -> bool {
+        use std::os::unix::process::ExitStatusExt;
+        let env = [("DURABLE_KILL_AT", step.to_string())];
+        let status = self.spawn_with(dir, 0, Stdio::null(), &env).wait().unwrap();
+        match status.signal() {
+            Some(9) => true,
+            None if status.success() => false,
+            _ => panic!("the child failed before step {step}: {status:?}"),
+        }
     }
 
     /// Kills the child after `delay` (or lets it finish, if it is done by then).

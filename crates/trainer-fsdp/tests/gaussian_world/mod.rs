@@ -118,6 +118,9 @@ pub struct GaussianSample {
 #[derive(Debug)]
 pub struct GaussianWorld {
     held_out: Vec<HeldOutPrompt>,
+    /// Requests a stop at the `n`-th call of `score` (1-based), for the stop tests.
+    stop_at_score: Option<(trainer_fsdp::StopFlag, usize)>,
+    scores: std::sync::atomic::AtomicUsize,
 }
 
 impl GaussianWorld {
@@ -137,6 +140,8 @@ impl GaussianWorld {
             }
         }
         Ok(Self {
+            stop_at_score: None,
+            scores: Default::default(),
             held_out: (CLASSES - HELD_OUT..CLASSES)
                 .map(|c| HeldOutPrompt {
                     prompt: format!("class {c}"),
@@ -279,6 +284,14 @@ impl<Bk: AutodiffBackend> World<Bk> for GaussianWorld {
         samples: &[GaussianSample],
         prompts: &[String],
     ) -> Result<Vec<Components>, TrainerError> {
+        let n = 1 + self
+            .scores
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if let Some((flag, at)) = &self.stop_at_score
+            && n == *at
+        {
+            flag.request();
+        }
         samples
             .iter()
             .zip(prompts)
@@ -342,9 +355,26 @@ pub fn config(root: &Path, rollouts: u64, extra: &[&str]) -> TrainConfig {
 
 /// A Gaussian-world run of `config(root, ..)` writing into `root/run`.
 pub fn start(root: &Path, rollouts: u64, extra: &[&str]) -> GaussianRun {
+    try_start(root, rollouts, extra).unwrap()
+}
+
+/// [`start`], returning [`Run::new`]'s error.
+pub fn try_start(root: &Path, rollouts: u64, extra: &[&str]) -> Result<GaussianRun, TrainerError> {
+    try_start_stopping(root, rollouts, extra, None)
+}
+
+/// [`try_start`] with a world that requests a stop on `stop.0` at its `stop.1`-th scoring
+/// (1-based; rollouts and evaluations both score).
+pub fn try_start_stopping(
+    root: &Path,
+    rollouts: u64,
+    extra: &[&str],
+    stop: Option<(trainer_fsdp::StopFlag, usize)>,
+) -> Result<GaussianRun, TrainerError> {
     let cfg = config(root, rollouts, extra);
     let pre = cfg.preflight().unwrap();
-    let world = GaussianWorld::new(&cfg.reward.scorers).unwrap();
+    let mut world = GaussianWorld::new(&cfg.reward.scorers).unwrap();
+    world.stop_at_score = stop;
     let trainer_fsdp::AlgorithmPlan::FlowGrpo { clip_range } = pre.algorithm.clone();
     let workers = LocalWorkers::new(cfg.run.threads());
     Run::new(
@@ -356,5 +386,4 @@ pub fn start(root: &Path, rollouts: u64, extra: &[&str]) -> GaussianRun {
         FlowGrpo::new(clip_range),
         workers,
     )
-    .unwrap()
 }
