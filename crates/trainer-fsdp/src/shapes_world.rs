@@ -474,6 +474,21 @@ pub fn eval_prompts() -> Vec<String> {
         .collect()
 }
 
+/// The distinct training prompts of the shapes world: every scene of every category, the
+/// held-out ones ([`eval_prompts`]) excepted. A rollout draws at most this many.
+pub fn train_pool_size() -> usize {
+    let held_out = eval_prompts();
+    Category::ALL
+        .iter()
+        .map(|&c| {
+            SceneSpec::all(c)
+                .iter()
+                .filter(|s| !held_out.contains(&s.prompt()))
+                .count()
+        })
+        .sum()
+}
+
 /// `n` distinct training prompts for a rollout: categories in turn, scenes drawn from the
 /// rollout's stream, held-out prompts excluded. A category whose scenes are all used (single
 /// objects: three shapes, some of them held out) is passed over.

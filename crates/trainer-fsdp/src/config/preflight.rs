@@ -189,6 +189,54 @@ impl TrainConfig {
                 given: "0".into(),
                 allowed: "an integer >= 1 when eval.interval > 0",
             });
+        } else if self.eval.samples_per_prompt > MAX_EVAL_SAMPLES_PER_PROMPT {
+            p.push(PreflightProblem::OutOfRange {
+                key: "eval.samples_per_prompt",
+                given: self.eval.samples_per_prompt.to_string(),
+                allowed: "at most 4096 (an evaluation holds every sample and its picture in \
+                          memory; 48 already gives a standard error below 0.01 in the shapes world)",
+            });
+        }
+        let rollout_samples = self
+            .rollout
+            .prompts_per_rollout
+            .saturating_mul(self.rollout.group_size);
+        if rollout_samples > MAX_ROLLOUT_SAMPLES {
+            p.push(PreflightProblem::OutOfRange {
+                key: "rollout.prompts_per_rollout",
+                given: format!(
+                    "{} (x group_size {} = {rollout_samples} samples)",
+                    self.rollout.prompts_per_rollout, self.rollout.group_size
+                ),
+                allowed: "at most 65536 samples per rollout (a rollout holds every sample's \
+                          trajectory in memory)",
+            });
+        }
+        if let GeneratorSource::ShapesWorld { .. } = &self.model.generator {
+            let side = reward::shapes::IMAGE_SIZE as u32;
+            for (key, given) in [
+                ("sampling.height", self.sampling.height),
+                ("sampling.width", self.sampling.width),
+            ] {
+                if given != side {
+                    p.push(PreflightProblem::OutOfRange {
+                        key,
+                        given: given.to_string(),
+                        allowed: "32 in the shapes world (its generator draws 32x32 pictures; \
+                                  another value would only change the schedule's shift and the \
+                                  recorded image size)",
+                    });
+                }
+            }
+            let pool = crate::shapes_world::train_pool_size();
+            if self.rollout.prompts_per_rollout > pool {
+                p.push(PreflightProblem::OutOfRange {
+                    key: "rollout.prompts_per_rollout",
+                    given: self.rollout.prompts_per_rollout.to_string(),
+                    allowed: "at most the shapes world's distinct training prompts \
+                              (shapes_world::train_pool_size)",
+                });
+            }
         }
         if self.run.num_rollouts == 0 {
             p.push(PreflightProblem::OutOfRange {
@@ -588,6 +636,11 @@ pub struct Preflight {
     /// AdamW's hyperparameters.
     pub adamw: AdamWSettings,
 }
+
+/// The largest `eval.samples_per_prompt` preflight accepts.
+pub const MAX_EVAL_SAMPLES_PER_PROMPT: usize = 4096;
+/// The most samples per rollout (`prompts_per_rollout x group_size`) preflight accepts.
+pub const MAX_ROLLOUT_SAMPLES: usize = 65536;
 
 /// One preflight violation, naming the value given and what is allowed.
 #[derive(Debug)]

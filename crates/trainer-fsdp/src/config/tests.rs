@@ -380,3 +380,36 @@ fn reward_components_required_first_then_optional() {
     assert_eq!(comps[0], RewardComponent::required("pickscore", 1.0));
     assert_eq!(comps[1], RewardComponent::optional("aesthetic", 0.5));
 }
+
+#[test]
+fn upper_bounds_and_keys_the_shapes_world_does_not_use() {
+    let mut c = TrainConfig::shapes_world_lora();
+    c.eval.samples_per_prompt = 1_000_000;
+    c.sampling.height = 64;
+    c.rollout.prompts_per_rollout = crate::shapes_world::train_pool_size() + 1;
+    let p = problems(&c);
+    for key in [
+        "eval.samples_per_prompt",
+        "sampling.height",
+        "rollout.prompts_per_rollout",
+    ] {
+        assert!(
+            p.iter().any(|m| m.contains(key)),
+            "{key} not reported: {p:?}"
+        );
+    }
+    assert!(!p.iter().any(|m| m.contains("sampling.width")), "{p:?}");
+
+    let mut c = TrainConfig::shapes_world_lora();
+    c.rollout.prompts_per_rollout = 8192;
+    c.rollout.group_size = 16;
+    assert!(
+        problems(&c).iter().any(|m| m.contains("65536 samples")),
+        "{:?}",
+        problems(&c)
+    );
+    // the same sizes are the Qwen-Image recipe's own business
+    let mut q = TrainConfig::qwen_image_t2i_lora();
+    q.sampling.height = 512;
+    assert!(q.preflight().is_ok());
+}
