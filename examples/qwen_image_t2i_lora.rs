@@ -160,7 +160,8 @@ fn main() -> Result<()> {
     let stop = StopFlag::install()?;
     match args.seeds {
         None => {
-            let summary = dispatch_backend(kind, &cfg, &pre, &run_dir, &stop)?;
+            let summary = dispatch_backend(kind, &cfg, &pre, &run_dir, &stop)
+                .inspect_err(|e| report_failure(e, &cfg))?;
             report(&summary, &run_dir);
             Ok(())
         }
@@ -180,7 +181,8 @@ fn main() -> Result<()> {
                 let cfg = cfg.clone().with_overrides(&o)?;
                 let pre = cfg.preflight()?;
                 let start = Instant::now();
-                let summary = dispatch_backend(kind, &cfg, &pre, &dir, &stop)?;
+                let summary = dispatch_backend(kind, &cfg, &pre, &dir, &stop)
+                    .inspect_err(|e| report_failure(e, &cfg))?;
                 report(&summary, &dir);
                 if summary.stopped {
                     bail!("stopped during seed {seed}; the table is not written");
@@ -277,6 +279,31 @@ fn report(summary: &RunSummary, run_dir: &Path) {
             a.reward, a.stderr, b.reward, b.stderr
         ),
         _ => println!("held-out reward: not evaluated (eval.interval = 0)"),
+    }
+}
+
+/// The honest ending of a run that failed after it started: what is committed and how to go
+/// on (a refusal to start wrote nothing and says so itself).
+fn report_failure(e: &anyhow::Error, cfg: &TrainConfig) {
+    if e.downcast_ref::<trainer_fsdp::TrainerError>()
+        .is_some_and(trainer_fsdp::TrainerError::is_refusal)
+    {
+        return;
+    }
+    let last = trainer_fsdp::CheckpointStore::new(&cfg.checkpoint.dir, &cfg.run.task, None)
+        .and_then(|s| s.latest_committed());
+    match last {
+        Ok(Some(c)) => eprintln!(
+            "the run stopped with an error; its last committed checkpoint is after rollout {} \
+             ({}): fix the cause, then --resume continues from it",
+            c.iteration,
+            c.dir.display()
+        ),
+        Ok(None) => eprintln!(
+            "the run stopped with an error before any checkpoint was committed: fix the cause, \
+             then start again with --overwrite"
+        ),
+        Err(_) => {}
     }
 }
 

@@ -439,6 +439,25 @@ pub enum TrainerError {
     },
 }
 
+impl TrainerError {
+    /// Whether this is a run directory's refusal to start ([`Run::new`](crate::Run::new)'s
+    /// checks: locked, holding another run, nothing or not that to resume, a changed
+    /// experiment, damaged files to resume from): nothing was written.
+    pub fn is_refusal(&self) -> bool {
+        matches!(
+            self,
+            Self::RunDirLocked { .. }
+                | Self::RunDirNotEmpty { .. }
+                | Self::NothingToResume { .. }
+                | Self::ResumeFromMissing { .. }
+                | Self::ResumeFailed { .. }
+                | Self::ConfigChanged { .. }
+                | Self::ResumeConfigMissing { .. }
+                | Self::MetricsCursor { .. }
+        )
+    }
+}
+
 struct Paths<'a>(&'a [PathBuf]);
 
 impl fmt::Display for Paths<'_> {
