@@ -34,6 +34,21 @@ pub enum TrainerError {
         source: Box<toml::de::Error>,
     },
 
+    /// A config's keys do not make a training config: every problem found, section by
+    /// section (unknown keys, missing keys or sections, wrong types).
+    #[error(
+        "config {} is not a valid training config ({} problem(s)):{}",
+        origin.display(),
+        problems.len(),
+        Bullets(problems)
+    )]
+    ConfigInvalid {
+        /// The file, `<memory>` or `<overrides>`.
+        origin: PathBuf,
+        /// One line per problem.
+        problems: Vec<String>,
+    },
+
     /// The resolved config could not be written as TOML.
     #[error("cannot serialise the training config as TOML")]
     ConfigSerialize {

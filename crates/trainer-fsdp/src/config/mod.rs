@@ -822,12 +822,22 @@ impl TrainConfig {
             Some(r) => table.insert("recipe".into(), toml::Value::String(r.as_str().into())),
             None => table.remove("recipe"),
         };
-        toml::Value::Table(table)
-            .try_into()
-            .map_err(|source| TrainerError::ConfigParse {
-                origin,
-                source: Box::new(source),
-            })
+        Self::from_table(table, origin)
+    }
+
+    /// Deserialises the merged tree; on failure every problem of every section is collected
+    /// ([`TrainerError::ConfigInvalid`]), not only the first.
+    fn from_table(table: toml::Table, origin: PathBuf) -> Result<Self, TrainerError> {
+        match toml::Value::Table(table.clone()).try_into() {
+            Ok(c) => Ok(c),
+            Err(whole) => {
+                let mut problems = section_problems(&table);
+                if problems.is_empty() {
+                    problems.push(whole.to_string().trim().to_string());
+                }
+                Err(TrainerError::ConfigInvalid { origin, problems })
+            }
+        }
     }
 
     /// Reads a TOML config file (see [`TrainConfig::from_toml_str`]).
@@ -858,12 +868,7 @@ impl TrainConfig {
         for o in overrides {
             o.apply(&mut table)?;
         }
-        toml::Value::Table(table)
-            .try_into()
-            .map_err(|source| TrainerError::ConfigParse {
-                origin: PathBuf::from("<overrides>"),
-                source: Box::new(source),
-            })
+        Self::from_table(table, PathBuf::from("<overrides>"))
     }
 
     fn to_table(&self) -> Result<toml::Table, TrainerError> {
@@ -970,6 +975,85 @@ fn merge(base: &mut toml::Table, over: toml::Table) {
             (_, v) => {
                 base.insert(k, v);
             }
+        }
+    }
+}
+
+/// The top-level keys of a config.
+const SECTIONS: &[&str] = &[
+    "recipe",
+    "run",
+    "model",
+    "lora",
+    "sampling",
+    "rollout",
+    "algorithm",
+    "optimizer",
+    "reward",
+    "checkpoint",
+    "artifacts",
+    "eval",
+    "monitor",
+];
+
+/// Every problem of a config tree, section by section: unknown top-level keys, missing
+/// sections, and within a section each unknown key (removed and the section tried again, so
+/// that one unknown key does not hide the next) and then its first other problem.
+fn section_problems(table: &toml::Table) -> Vec<String> {
+    let mut out = Vec::new();
+    for key in table.keys() {
+        if !SECTIONS.contains(&key.as_str()) {
+            out.push(format!(
+                "unknown top-level key `{key}`; the sections are {}",
+                SECTIONS.join(", ")
+            ));
+        }
+    }
+    check_section::<RunSection>(table, "run", true, &mut out);
+    check_section::<ModelSection>(table, "model", true, &mut out);
+    check_section::<LoraSection>(table, "lora", false, &mut out);
+    check_section::<SamplingSection>(table, "sampling", true, &mut out);
+    check_section::<RolloutSection>(table, "rollout", true, &mut out);
+    check_section::<AlgorithmSection>(table, "algorithm", true, &mut out);
+    check_section::<OptimizerSection>(table, "optimizer", true, &mut out);
+    check_section::<RewardSection>(table, "reward", true, &mut out);
+    check_section::<CheckpointSection>(table, "checkpoint", true, &mut out);
+    check_section::<ArtifactSection>(table, "artifacts", true, &mut out);
+    check_section::<EvalSection>(table, "eval", true, &mut out);
+    check_section::<MonitorSection>(table, "monitor", false, &mut out);
+    out
+}
+
+fn check_section<T: serde::de::DeserializeOwned>(
+    table: &toml::Table,
+    name: &str,
+    required: bool,
+    out: &mut Vec<String>,
+) {
+    let Some(value) = table.get(name) else {
+        if required {
+            out.push(format!("missing section [{name}]"));
+        }
+        return;
+    };
+    let mut value = value.clone();
+    // each unknown key is reported and taken out, so the next problem shows too
+    for _ in 0..64 {
+        let Err(e) = value.clone().try_into::<T>() else {
+            return;
+        };
+        let msg = e.to_string().trim().replace('\n', " ");
+        out.push(format!("[{name}] {msg}"));
+        let unknown = msg
+            .strip_prefix("unknown field `")
+            .and_then(|rest| rest.split('`').next())
+            .map(str::to_string);
+        let removed = match (unknown, value.as_table_mut()) {
+            (Some(key), Some(t)) => t.remove(&key).is_some(),
+            _ => false,
+        };
+        if !removed {
+            return;
         }
     }
 }

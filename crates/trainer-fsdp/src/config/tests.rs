@@ -233,7 +233,7 @@ fn no_silent_defaults_and_no_unknown_keys() {
         .remove("eps_clip");
     let text = toml::to_string(&table).unwrap();
     let err = TrainConfig::from_toml_str(&text, None, &[]).unwrap_err();
-    let msg = format!("{err}: {}", std::error::Error::source(&err).unwrap());
+    let msg = err.to_string();
     assert!(msg.contains("eps_clip"), "{msg}");
 
     let err = TrainConfig::from_toml_str(
@@ -242,7 +242,7 @@ fn no_silent_defaults_and_no_unknown_keys() {
         &[],
     )
     .unwrap_err();
-    let msg = format!("{err}: {}", std::error::Error::source(&err).unwrap());
+    let msg = err.to_string();
     assert!(msg.contains("my.toml") && msg.contains("epsclip"), "{msg}");
 
     let err = TrainConfig::from_toml_str("recipe = \"sd3\"", None, &[]).unwrap_err();
@@ -260,7 +260,7 @@ fn no_silent_defaults_and_no_unknown_keys() {
     let err = TrainConfig::qwen_image_t2i_lora()
         .with_overrides(&[Override::parse("algorithm.kind=awm").unwrap()])
         .unwrap_err();
-    let msg = format!("{err}: {}", std::error::Error::source(&err).unwrap());
+    let msg = err.to_string();
     assert!(msg.contains("awm") && msg.contains("flow_grpo"), "{msg}");
 }
 
@@ -412,4 +412,24 @@ fn upper_bounds_and_keys_the_shapes_world_does_not_use() {
     let mut q = TrainConfig::qwen_image_t2i_lora();
     q.sampling.height = 512;
     assert!(q.preflight().is_ok());
+}
+
+#[test]
+fn every_parse_problem_is_reported_at_once() {
+    let text = "recipe = \"shapes_world_lora\"\n\
+                colour = 1\n\
+                [run]\nseed = \"zero\"\n\
+                [optimizer]\nlrr = 0.1\nbetas = 2\n\
+                [eval]\ninterval = -1\n";
+    let err = TrainConfig::from_toml_str(text, Some(Path::new("bad.toml")), &[]).unwrap_err();
+    let TrainerError::ConfigInvalid { problems, .. } = &err else {
+        panic!("unexpected error: {err}");
+    };
+    let msg = err.to_string();
+    for needle in [
+        "`colour`", "[run]", "`lrr`", "`betas`", "[eval]", "bad.toml",
+    ] {
+        assert!(msg.contains(needle), "{needle} missing from: {msg}");
+    }
+    assert_eq!(problems.len(), 5, "{msg}");
 }
