@@ -443,6 +443,12 @@ pub enum TrainerError {
         path: PathBuf,
     },
 
+    /// A stop request (Ctrl-C) interrupted a phase. [`Run::run`](crate::Run::run) handles it
+    /// (the interrupted rollout is dropped and the last complete state kept); a caller sees it
+    /// only from a phase method it called itself while the run's stop flag was set.
+    #[error("stopped on request")]
+    Stopped,
+
     /// The Ctrl-C / SIGTERM handler could not be installed.
     #[error("cannot install the {signal} handler")]
     Signal {

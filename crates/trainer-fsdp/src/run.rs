@@ -244,6 +244,8 @@ where
     weight_hash: Digest,
     /// Checkpoint writes that failed and were retried (restored on resume).
     checkpoint_failures: u64,
+    /// The stop request of the current [`Run::run`], checked inside sampling and training.
+    stop: StopFlag,
     /// The run directory's lock, held for the run's life.
     _lock: RunLock,
 }
@@ -397,6 +399,7 @@ where
             run_dir: run_dir.to_path_buf(),
             weight_hash: loaded.weight_hash,
             checkpoint_failures,
+            stop: StopFlag::new(),
             _lock: prepared.lock,
         })
     }
@@ -497,6 +500,7 @@ where
             .flat_map(|p| std::iter::repeat_n(p.as_str(), g))
             .collect();
         let cond = self.world.encode(&all_prompts, dev)?;
+        let stop = &self.stop;
         let out = sample_in_chunks(
             &model,
             &cond,
@@ -505,6 +509,10 @@ where
             &trained,
             self.workers.host_threads(),
             |step, rows| {
+                // a stop request ends the sampling at the next trained step
+                if stop.is_set() {
+                    return Err(TrainerError::Stopped);
+                }
                 let n = rows.len();
                 let v: Vec<f32> = rows
                     .flat_map(|i| seeds.noise(i, step, &latent_shape))
@@ -650,8 +658,12 @@ where
             optimizer,
             model,
             device,
+            stop,
             ..
         } = self;
+        if stop.is_set() {
+            return Err(TrainerError::Stopped);
+        }
         let ctx = TrainContext {
             world: &*world,
             spec: &*spec,
@@ -672,7 +684,13 @@ where
                 &*workers,
                 update,
                 adv.degenerate,
-                |m: &W::Policy, samples| algorithm.micro_batch_loss(&ctx, &frozen, m, samples),
+                |m: &W::Policy, samples| {
+                    // a stop request ends the update at the next micro-batch
+                    if stop.is_set() {
+                        return Err(TrainerError::Stopped);
+                    }
+                    algorithm.micro_batch_loss(&ctx, &frozen, m, samples)
+                },
             )?;
             *model = Some(m);
             reports.push(report);
@@ -796,6 +814,7 @@ where
             stopped: false,
             seconds: 0.0,
         };
+        self.stop = stop.clone();
         let reward_metric = self.reward_metric();
         let interval = self.cfg.eval.interval;
         if interval > 0 && self.next_rollout == 0 {
@@ -818,50 +837,63 @@ where
             let id = self.next_rollout;
             let mut metrics = Metrics::new();
             let t0 = Instant::now();
-            // the state after the last complete rollout, for a stop before this one trains
+            // the state after the last complete rollout, restored if a stop request
+            // interrupts this one (burn tensors are immutable: the clones share storage)
             let rng_before = self.rng.clone();
-            let prompts = self
-                .world
-                .train_prompts(&mut self.rng, self.cfg.rollout.prompts_per_rollout)?;
-            let shard = self.workers.group_shard(prompts.len())?;
-            let batch = self.rollout(id, &prompts[shard])?;
-            let t_rollout = t0.elapsed().as_secs_f64();
-            let t1 = Instant::now();
-            let groups = self.score(&batch)?;
-            let t_score = t1.elapsed().as_secs_f64();
-            if stop.is_set() {
-                // nothing of rollout `id` has changed the weights yet: drop it and keep the
-                // state after rollout `id - 1`
-                self.rng = rng_before;
-                summary.stopped = true;
-                match id.checked_sub(1) {
-                    Some(prev) if committed != Some(prev) => {
-                        self.checkpoint(prev)?;
-                        println!(
-                            "stop requested during rollout {id}: its samples are dropped; \
-                             checkpoint after rollout {prev} committed (resume with --resume)"
-                        );
-                    }
-                    Some(prev) => println!(
-                        "stop requested during rollout {id}: its samples are dropped; the \
-                         checkpoint after rollout {prev} was already committed (resume with \
-                         --resume)"
-                    ),
-                    None => println!(
-                        "stop requested during the first rollout: nothing completed, nothing \
-                         to checkpoint"
-                    ),
+            let model_before = self.model().clone();
+            let optimizer_before = self.optimizer.clone();
+            let attempt = (|| {
+                let prompts = self
+                    .world
+                    .train_prompts(&mut self.rng, self.cfg.rollout.prompts_per_rollout)?;
+                let shard = self.workers.group_shard(prompts.len())?;
+                let batch = self.rollout(id, &prompts[shard])?;
+                let t_rollout = t0.elapsed().as_secs_f64();
+                let t1 = Instant::now();
+                let groups = self.score(&batch)?;
+                let t_score = t1.elapsed().as_secs_f64();
+                if self.stop.is_set() {
+                    return Err(TrainerError::Stopped);
                 }
-                break;
-            }
-            let adv = crate::train::advantages(&self.pre.advantages, &groups, None)?;
+                let adv = crate::train::advantages(&self.pre.advantages, &groups, None)?;
+                let t2 = Instant::now();
+                let report = self.train(&batch, &adv)?;
+                let t_train = t2.elapsed().as_secs_f64();
+                Ok((batch, adv, report, [t_rollout, t_score, t_train]))
+            })();
+            let (batch, adv, report, [t_rollout, t_score, t_train]) = match attempt {
+                Ok(done) => done,
+                Err(TrainerError::Stopped) => {
+                    // rollout `id` is dropped, whichever phase the request interrupted
+                    self.rng = rng_before;
+                    self.model = Some(model_before);
+                    self.optimizer = optimizer_before;
+                    summary.stopped = true;
+                    match id.checked_sub(1) {
+                        Some(prev) if committed != Some(prev) => {
+                            self.checkpoint(prev)?;
+                            println!(
+                                "stop requested during rollout {id}: it is dropped; checkpoint \
+                                 after rollout {prev} committed (resume with --resume)"
+                            );
+                        }
+                        Some(prev) => println!(
+                            "stop requested during rollout {id}: it is dropped; the checkpoint \
+                             after rollout {prev} was already committed (resume with --resume)"
+                        ),
+                        None => println!(
+                            "stop requested during the first rollout: nothing completed, \
+                             nothing to checkpoint"
+                        ),
+                    }
+                    break;
+                }
+                Err(e) => return Err(e),
+            };
             for line in failure_messages(&adv) {
                 println!("rollout {id}: {line}");
             }
             metrics.extend(advantage_metrics(&adv));
-            let t2 = Instant::now();
-            let report = self.train(&batch, &adv)?;
-            let t_train = t2.elapsed().as_secs_f64();
             metrics.extend(UpdateReport::rollout_metrics(&report.updates));
             metrics.extend(self.algorithm.rollout_metrics(&report.updates));
             metrics.extend(report.frozen.clone());

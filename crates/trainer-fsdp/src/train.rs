@@ -236,6 +236,26 @@ where
     }
 }
 
+impl<B, M, O> Clone for PolicyOptimizer<B, M, O>
+where
+    B: AutodiffBackend,
+    M: AutodiffModule<B>,
+    O: Optimizer<M, B> + Clone,
+{
+    fn clone(&self) -> Self {
+        Self {
+            optimizer: self.optimizer.clone(),
+            scheduler: self.scheduler,
+            clip_grad: self.clip_grad,
+            master: self.master,
+            policy_version: self.policy_version,
+            optimizer_steps: self.optimizer_steps,
+            optimizer_skips: self.optimizer_skips,
+            _m: PhantomData,
+        }
+    }
+}
+
 impl<B, M, O> PolicyOptimizer<B, M, O>
 where
     B: AutodiffBackend,

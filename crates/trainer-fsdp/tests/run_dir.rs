@@ -12,7 +12,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use burn::module::AutodiffModule;
-use gaussian_world::{GaussianRun, Train, start, try_start, try_start_stopping};
+use gaussian_world::{
+    GaussianRun, Train, start, try_start, try_start_stopping, try_start_stopping_in_training,
+};
 use trainer_fsdp::run_dir::{CONFIG_CHANGES_FILE, LOCK_FILE, LockHolder, RunLock};
 use trainer_fsdp::{CheckpointStore, StopFlag, TrainerError, names, read_jsonl};
 
@@ -422,6 +424,46 @@ fn a_stop_during_a_rollout_drops_it_and_commits_the_state_before_it() {
         [1],
         "the state after rollout 1 was committed"
     );
+    drop(run);
+
+    let mut resume = cfg.to_vec();
+    resume.push("checkpoint.resume=true");
+    let mut resumed = try_start(b.path(), 4, &resume).unwrap();
+    assert_eq!(resumed.next_rollout(), 2);
+    resumed.run(&StopFlag::new()).unwrap();
+    assert_eq!(
+        delta(&straight),
+        delta(&resumed),
+        "the resumed run diverged"
+    );
+    assert_eq!(
+        crash_harness::metrics(&run_dir(a.path())),
+        crash_harness::metrics(&run_dir(b.path()))
+    );
+}
+
+#[test]
+fn a_stop_inside_training_restores_the_state_before_the_rollout() {
+    let cfg = ["eval.interval=0", "checkpoint.save_interval=4"];
+    let a = tempfile::tempdir().unwrap();
+    let mut straight = start(a.path(), 4, &cfg);
+    straight.run(&StopFlag::new()).unwrap();
+    // the conditionings one rollout's training restores (anchor and both updates)
+    let per_rollout = straight.world().restores() / 4;
+    assert!(per_rollout >= 4, "{per_rollout}");
+
+    // half of them are the anchor's (one per group of the 16 samples), the other half the two
+    // updates' micro-batches: a stop request at the first micro-batch of rollout 2's first
+    // update, so that its second update (at least) finds the flag set
+    assert_eq!(per_rollout % 2, 0, "{per_rollout}");
+    let b = tempfile::tempdir().unwrap();
+    let stop = StopFlag::new();
+    let at = 2 * per_rollout + per_rollout / 2 + 1;
+    let mut run = try_start_stopping_in_training(b.path(), 4, &cfg, (stop.clone(), at)).unwrap();
+    let summary = run.run(&stop).unwrap();
+    assert!(summary.stopped);
+    assert_eq!(summary.last_rollout, Some(1));
+    assert_eq!(committed(b.path()), [1]);
     drop(run);
 
     let mut resume = cfg.to_vec();

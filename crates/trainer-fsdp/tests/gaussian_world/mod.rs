@@ -121,6 +121,17 @@ pub struct GaussianWorld {
     /// Requests a stop at the `n`-th call of `score` (1-based), for the stop tests.
     stop_at_score: Option<(trainer_fsdp::StopFlag, usize)>,
     scores: std::sync::atomic::AtomicUsize,
+    /// Requests a stop at the `n`-th call of `restore_conditioning` (1-based): inside the
+    /// training phase, whose replays restore the conditionings.
+    stop_at_restore: Option<(trainer_fsdp::StopFlag, usize)>,
+    restores: std::sync::atomic::AtomicUsize,
+}
+
+impl GaussianWorld {
+    /// Calls of `restore_conditioning` so far (the training phase's replays).
+    pub fn restores(&self) -> usize {
+        self.restores.load(std::sync::atomic::Ordering::SeqCst)
+    }
 }
 
 impl GaussianWorld {
@@ -142,6 +153,8 @@ impl GaussianWorld {
         Ok(Self {
             stop_at_score: None,
             scores: Default::default(),
+            stop_at_restore: None,
+            restores: Default::default(),
             held_out: (CLASSES - HELD_OUT..CLASSES)
                 .map(|c| HeldOutPrompt {
                     prompt: format!("class {c}"),
@@ -259,6 +272,14 @@ impl<Bk: AutodiffBackend> World<Bk> for GaussianWorld {
         rows: usize,
         device: &Bx::Device,
     ) -> Result<TensorConditioning<Bx, 2>, TrainerError> {
+        let n = 1 + self
+            .restores
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if let Some((flag, at)) = &self.stop_at_restore
+            && n == *at
+        {
+            flag.request();
+        }
         let v = stored.text_embeddings.to_f32();
         Ok(TensorConditioning(
             Tensor::<Bx, 2>::from_data(TensorData::new(v, [1, CLASSES]), device)
@@ -375,6 +396,30 @@ pub fn try_start_stopping(
     let pre = cfg.preflight().unwrap();
     let mut world = GaussianWorld::new(&cfg.reward.scorers).unwrap();
     world.stop_at_score = stop;
+    build(cfg, pre, root, world)
+}
+
+/// [`try_start`] with a world that requests a stop on `stop.0` at its `stop.1`-th restored
+/// conditioning (1-based), i.e. inside a training phase.
+pub fn try_start_stopping_in_training(
+    root: &Path,
+    rollouts: u64,
+    extra: &[&str],
+    stop: (trainer_fsdp::StopFlag, usize),
+) -> Result<GaussianRun, TrainerError> {
+    let cfg = config(root, rollouts, extra);
+    let pre = cfg.preflight().unwrap();
+    let mut world = GaussianWorld::new(&cfg.reward.scorers).unwrap();
+    world.stop_at_restore = Some(stop);
+    build(cfg, pre, root, world)
+}
+
+fn build(
+    cfg: TrainConfig,
+    pre: trainer_fsdp::Preflight,
+    root: &Path,
+    world: GaussianWorld,
+) -> Result<GaussianRun, TrainerError> {
     let trainer_fsdp::AlgorithmPlan::FlowGrpo { clip_range } = pre.algorithm.clone();
     let workers = LocalWorkers::new(cfg.run.threads());
     Run::new(
