@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use burn::module::AutodiffModule;
 use crash_harness::{Harness, say};
 use gaussian_world::*;
-use trainer_fsdp::{StopFlag, TrainerRng, WritePhase, names, read_jsonl};
+use trainer_fsdp::{StopFlag, TrainerError, TrainerRng, WritePhase, names, read_jsonl};
 
 const ROLLOUTS: u64 = 8;
 /// Rollouts of the child runs under a `durable/` directory (the kill-before-every-step trials:
@@ -224,8 +224,35 @@ fn kill_before_every_durable_step() {
     );
 }
 
+/// A second process on a run directory that a live run holds is refused, naming it.
+fn a_second_process_on_a_locked_directory_is_refused() {
+    use std::io::{BufRead, BufReader};
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("locked");
+    // slow checkpoint writes keep the child's run alive while the parent tries
+    let mut child = HARNESS.spawn(&dir, 300, std::process::Stdio::piped());
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    assert!(
+        lines.any(|l| l.unwrap().starts_with("START")),
+        "the child never started"
+    );
+    let result = try_start(&dir, ROLLOUTS, &["checkpoint.resume=true"]);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let Err(err) = result else {
+        panic!("a second process started on a locked run directory");
+    };
+    assert!(
+        matches!(err, TrainerError::RunDirLocked { .. })
+            && err.to_string().contains(&format!("pid {}", child.id())),
+        "unexpected error: {err}"
+    );
+    println!("test gaussian_loop a second process on a locked run directory ... ok ({err})");
+}
+
 fn parent() {
     the_reward_rises();
     sigkill_and_resume();
+    a_second_process_on_a_locked_directory_is_refused();
     kill_before_every_durable_step();
 }
