@@ -831,10 +831,13 @@ impl TrainConfig {
         match toml::Value::Table(table.clone()).try_into() {
             Ok(c) => Ok(c),
             Err(whole) => {
-                let mut problems = section_problems(&table);
+                let found = section_problems(&table);
+                let mut problems: Vec<String> = found.iter().map(|(_, m)| m.clone()).collect();
                 if problems.is_empty() {
                     problems.push(whole.to_string().trim().to_string());
                 }
+                let broken: Vec<&str> = found.iter().filter_map(|(s, _)| *s).collect();
+                problems.extend(preflight_of_the_rest(&table, &broken));
                 Err(TrainerError::ConfigInvalid { origin, problems })
             }
         }
@@ -998,49 +1001,116 @@ const SECTIONS: &[&str] = &[
 
 /// Every problem of a config tree, section by section: unknown top-level keys, missing
 /// sections, and within a section each unknown key (removed and the section tried again, so
-/// that one unknown key does not hide the next) and then its first other problem.
-fn section_problems(table: &toml::Table) -> Vec<String> {
+/// that one unknown key does not hide the next) and then its first other problem. Each
+/// problem comes with its section (`None` for an unknown top-level key).
+fn section_problems(table: &toml::Table) -> Vec<(Option<&'static str>, String)> {
     let mut out = Vec::new();
     for key in table.keys() {
         if !SECTIONS.contains(&key.as_str()) {
-            out.push(format!(
-                "unknown top-level key `{key}`; the sections are {}",
-                SECTIONS.join(", ")
+            out.push((
+                None,
+                format!(
+                    "unknown top-level key `{key}`; the sections are {}",
+                    SECTIONS.join(", ")
+                ),
             ));
         }
     }
-    check_section::<RunSection>(table, "run", true, &mut out);
-    check_section::<ModelSection>(table, "model", true, &mut out);
-    check_section::<LoraSection>(table, "lora", false, &mut out);
-    check_section::<SamplingSection>(table, "sampling", true, &mut out);
-    check_section::<RolloutSection>(table, "rollout", true, &mut out);
-    check_section::<AlgorithmSection>(table, "algorithm", true, &mut out);
-    check_section::<OptimizerSection>(table, "optimizer", true, &mut out);
-    check_section::<RewardSection>(table, "reward", true, &mut out);
-    check_section::<CheckpointSection>(table, "checkpoint", true, &mut out);
-    check_section::<ArtifactSection>(table, "artifacts", true, &mut out);
-    check_section::<EvalSection>(table, "eval", true, &mut out);
-    check_section::<MonitorSection>(table, "monitor", false, &mut out);
+    let mut check = |name: &'static str, problems: Vec<String>| {
+        out.extend(problems.into_iter().map(|m| (Some(name), m)));
+    };
+    check("run", check_section::<RunSection>(table, "run", true));
+    check("model", check_section::<ModelSection>(table, "model", true));
+    check("lora", check_section::<LoraSection>(table, "lora", false));
+    check(
+        "sampling",
+        check_section::<SamplingSection>(table, "sampling", true),
+    );
+    check(
+        "rollout",
+        check_section::<RolloutSection>(table, "rollout", true),
+    );
+    check(
+        "algorithm",
+        check_section::<AlgorithmSection>(table, "algorithm", true),
+    );
+    check(
+        "optimizer",
+        check_section::<OptimizerSection>(table, "optimizer", true),
+    );
+    check(
+        "reward",
+        check_section::<RewardSection>(table, "reward", true),
+    );
+    check(
+        "checkpoint",
+        check_section::<CheckpointSection>(table, "checkpoint", true),
+    );
+    check(
+        "artifacts",
+        check_section::<ArtifactSection>(table, "artifacts", true),
+    );
+    check("eval", check_section::<EvalSection>(table, "eval", true));
+    check(
+        "monitor",
+        check_section::<MonitorSection>(table, "monitor", false),
+    );
     out
+}
+
+/// Preflight's problems with the rest of a config whose `broken` sections do not parse: those
+/// sections are taken from the config's recipe (without one there is nothing to stand in for
+/// them, and nothing is reported), and problems of keys in them are left out.
+fn preflight_of_the_rest(table: &toml::Table, broken: &[&str]) -> Vec<String> {
+    let Some(recipe) = table
+        .get("recipe")
+        .and_then(toml::Value::as_str)
+        .and_then(|r| RecipeName::parse(r).ok())
+    else {
+        return Vec::new();
+    };
+    let Ok(base) = recipe.config().to_table() else {
+        return Vec::new();
+    };
+    let mut rest = table.clone();
+    rest.retain(|k, _| SECTIONS.contains(&k));
+    for name in broken {
+        match base.get(*name) {
+            Some(v) => rest.insert((*name).to_string(), v.clone()),
+            None => rest.remove(*name),
+        };
+    }
+    let Ok(cfg) = toml::Value::Table(rest).try_into::<TrainConfig>() else {
+        return Vec::new();
+    };
+    match cfg.preflight() {
+        Err(TrainerError::Preflight { problems }) => problems
+            .iter()
+            .map(ToString::to_string)
+            .filter(|m| !broken.iter().any(|b| m.starts_with(&format!("{b}."))))
+            .map(|m| format!("(preflight) {m}"))
+            .collect(),
+        _ => Vec::new(),
+    }
 }
 
 fn check_section<T: serde::de::DeserializeOwned>(
     table: &toml::Table,
     name: &str,
     required: bool,
-    out: &mut Vec<String>,
-) {
+) -> Vec<String> {
+    let mut out = Vec::new();
     let Some(value) = table.get(name) else {
         if required {
             out.push(format!("missing section [{name}]"));
         }
-        return;
+        return out;
     };
     let mut value = value.clone();
     // each unknown key is reported and taken out, so the next problem shows too
     for _ in 0..64 {
         let Err(e) = value.clone().try_into::<T>() else {
-            return;
+            return out;
         };
         let msg = e.to_string().trim().replace('\n', " ");
         out.push(format!("[{name}] {msg}"));
@@ -1053,7 +1123,8 @@ fn check_section<T: serde::de::DeserializeOwned>(
             _ => false,
         };
         if !removed {
-            return;
+            return out;
         }
     }
+    out
 }

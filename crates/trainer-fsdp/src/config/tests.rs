@@ -433,3 +433,28 @@ fn every_parse_problem_is_reported_at_once() {
     }
     assert_eq!(problems.len(), 5, "{msg}");
 }
+
+#[test]
+fn parse_problems_and_preflight_problems_come_together() {
+    // [optimizer] does not parse; [sampling] parses but preflight refuses its eta
+    let text = "recipe = \"shapes_world_lora\"\n\
+                [optimizer]\nlrr = 0.1\n\
+                [sampling]\neta = -1.0\n";
+    let err = TrainConfig::from_toml_str(text, None, &[]).unwrap_err();
+    let TrainerError::ConfigInvalid { problems, .. } = &err else {
+        panic!("unexpected error: {err}");
+    };
+    assert!(problems.iter().any(|p| p.contains("`lrr`")), "{err}");
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.starts_with("(preflight) sampling.eta")),
+        "{err}"
+    );
+    assert!(
+        !problems
+            .iter()
+            .any(|p| p.starts_with("(preflight) optimizer.")),
+        "{err}"
+    );
+}
