@@ -246,8 +246,9 @@ where
     checkpoint_failures: u64,
     /// The stop request of the current [`Run::run`], checked inside sampling and training.
     stop: StopFlag,
-    /// The run directory's lock, held for the run's life.
-    _lock: RunLock,
+    /// The run directory's lock (and those of checkpoint and artifact roots outside it), held
+    /// for the run's life.
+    _locks: (RunLock, Vec<RunLock>),
 }
 
 impl<B, W, A, K> Run<B, W, A, K>
@@ -400,7 +401,7 @@ where
             weight_hash: loaded.weight_hash,
             checkpoint_failures,
             stop: StopFlag::new(),
-            _lock: prepared.lock,
+            _locks: (prepared.lock, prepared.shared_locks),
         })
     }
 

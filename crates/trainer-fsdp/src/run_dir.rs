@@ -2,7 +2,8 @@
 //! byte:
 //!
 //! * **One run at a time.** An exclusive OS lock on `<run dir>/run.lock`, held for the run's
-//!   life, with the holder's pid, host and start time in the file. A second process on the
+//!   life, with the holder's pid, host and start time in the file (and one on the checkpoint
+//!   and artifact roots when they lie outside the run directory). A second process on the
 //!   same directory is refused naming the holder. The kernel drops the lock of a process that
 //!   dies, so a killed run never blocks the next; its leftover holder line is reported as
 //!   stale when the next run takes the lock over.
@@ -384,6 +385,9 @@ pub enum StartFrom {
 pub struct Prepared {
     /// The lock, held for the run's life.
     pub lock: RunLock,
+    /// The locks of the checkpoint and artifact roots that lie outside the run directory
+    /// (two runs in different directories must not share them either).
+    pub shared_locks: Vec<RunLock>,
     /// A holder the lock file still named: a run that ended without releasing it.
     pub stale: Option<LockHolder>,
     /// Where the run starts.
@@ -415,7 +419,16 @@ pub fn prepare(
     let ck = &cfg.checkpoint;
     // an existing lock file is locked without a write; a missing one is created only after
     // every check passed
+    // the checkpoint and artifact roots outside the run directory are locked as well
+    let shared: Vec<&Path> = [cfg.checkpoint.dir.as_path(), cfg.artifacts.root.as_path()]
+        .into_iter()
+        .filter(|d| !d.starts_with(run_dir))
+        .collect();
     let early = RunLock::existing(run_dir)?;
+    let early_shared = shared
+        .iter()
+        .map(|d| RunLock::existing(d))
+        .collect::<Result<Vec<_>, _>>()?;
     let found = existing_run_files(run_dir, store, layout)?;
     let mut changes = Vec::new();
     let start = if !ck.resume {
@@ -476,7 +489,18 @@ pub fn prepare(
     // every check passed: take the lock (writing our holder line), then look again in case
     // another run started between the look and the lock
     drop(early);
+    drop(early_shared);
     let (lock, stale) = RunLock::acquire(run_dir)?;
+    let mut shared_locks = Vec::with_capacity(shared.len());
+    for d in &shared {
+        if shared_locks
+            .iter()
+            .any(|l: &RunLock| l.path() == d.join(LOCK_FILE))
+        {
+            continue; // checkpoints and artifacts under one root
+        }
+        shared_locks.push(RunLock::acquire(d)?.0);
+    }
     let mut moved_to = None;
     if !ck.resume {
         let found = existing_run_files(run_dir, store, layout)?;
@@ -499,6 +523,7 @@ pub fn prepare(
     }
     Ok(Prepared {
         lock,
+        shared_locks,
         stale,
         start,
         changes,

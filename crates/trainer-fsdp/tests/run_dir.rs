@@ -13,7 +13,8 @@ use std::path::{Path, PathBuf};
 
 use burn::module::AutodiffModule;
 use gaussian_world::{
-    GaussianRun, Train, start, try_start, try_start_stopping, try_start_stopping_in_training,
+    GaussianRun, Train, start, try_start, try_start_in, try_start_stopping,
+    try_start_stopping_in_training,
 };
 use trainer_fsdp::run_dir::{CONFIG_CHANGES_FILE, LOCK_FILE, LockHolder, RunLock};
 use trainer_fsdp::{CheckpointStore, StopFlag, TrainerError, names, read_jsonl};
@@ -156,6 +157,23 @@ fn a_second_run_on_a_locked_directory_is_refused_and_changes_nothing() {
         std::fs::read(run_dir(root.path()).join(LOCK_FILE)).unwrap(),
         b""
     );
+}
+
+#[test]
+fn two_run_directories_sharing_a_checkpoint_directory_are_refused() {
+    let root = tempfile::tempdir().unwrap();
+    let first = start(root.path(), 2, &["eval.interval=0"]);
+    let other = root.path().join("other-run");
+    let Err(err) = try_start_in(root.path(), &other, 2, &["eval.interval=0"]) else {
+        panic!("a second run started on a checkpoint directory in use");
+    };
+    let msg = err.to_string();
+    assert!(
+        matches!(err, TrainerError::RunDirLocked { .. }) && msg.contains("ckpt"),
+        "unexpected error: {msg}"
+    );
+    drop(first);
+    assert!(try_start_in(root.path(), &other, 2, &["eval.interval=0"]).is_ok());
 }
 
 #[test]

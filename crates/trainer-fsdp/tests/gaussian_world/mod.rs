@@ -414,10 +414,33 @@ pub fn try_start_stopping_in_training(
     build(cfg, pre, root, world)
 }
 
+/// [`try_start`] writing its run files into `run_dir` instead of `root/run` (checkpoints and
+/// artifacts still under `root`).
+pub fn try_start_in(
+    root: &Path,
+    run_dir: &Path,
+    rollouts: u64,
+    extra: &[&str],
+) -> Result<GaussianRun, TrainerError> {
+    let cfg = config(root, rollouts, extra);
+    let pre = cfg.preflight().unwrap();
+    let world = GaussianWorld::new(&cfg.reward.scorers).unwrap();
+    build_in(cfg, pre, run_dir, world)
+}
+
 fn build(
     cfg: TrainConfig,
     pre: trainer_fsdp::Preflight,
     root: &Path,
+    world: GaussianWorld,
+) -> Result<GaussianRun, TrainerError> {
+    build_in(cfg, pre, &root.join("run"), world)
+}
+
+fn build_in(
+    cfg: TrainConfig,
+    pre: trainer_fsdp::Preflight,
+    run_dir: &Path,
     world: GaussianWorld,
 ) -> Result<GaussianRun, TrainerError> {
     let trainer_fsdp::AlgorithmPlan::FlowGrpo { clip_range } = pre.algorithm.clone();
@@ -425,7 +448,7 @@ fn build(
     Run::new(
         cfg,
         pre,
-        &root.join("run"),
+        run_dir,
         Default::default(),
         world,
         FlowGrpo::new(clip_range),
