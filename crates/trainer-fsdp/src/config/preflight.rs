@@ -228,6 +228,9 @@ impl TrainConfig {
                     });
                 }
             }
+            if let Some(available) = mem_available() {
+                p.extend(shapes_memory_problems(self, available));
+            }
             let pool = crate::shapes_world::train_pool_size();
             if self.rollout.prompts_per_rollout > pool {
                 p.push(PreflightProblem::OutOfRange {
@@ -637,6 +640,56 @@ pub struct Preflight {
     pub adamw: AdamWSettings,
 }
 
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// `MemAvailable` of `/proc/meminfo` in bytes (`None` where there is no such file).
+fn mem_available() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// The host memory a shapes-world run's two largest buffers need, estimated from the config:
+/// a rollout's sampler output (every sample's latents at every step in f32, twice: the output
+/// and its stored copy) and an evaluation's samples (final latents in f32 and the decoded
+/// pictures as floats, for every held-out prompt and seed). Returns `(rollout, evaluation)`.
+pub fn shapes_memory_estimate(cfg: &TrainConfig) -> (u64, u64) {
+    use crate::shapes_world::{TOKEN_CHANNELS, TOKEN_GRID, eval_prompts};
+    let latent = (TOKEN_GRID * TOKEN_GRID * TOKEN_CHANNELS * 4) as u64;
+    let side = reward::shapes::IMAGE_SIZE as u64;
+    let picture = side * side * 3 * 4;
+    let steps = cfg.sampling.num_inference_steps as u64 + 1;
+    let rollout_samples =
+        (cfg.rollout.prompts_per_rollout as u64).saturating_mul(cfg.rollout.group_size as u64);
+    let rollout = rollout_samples.saturating_mul(2 * steps * latent + picture);
+    let eval_samples =
+        (eval_prompts().len() as u64).saturating_mul(cfg.eval.samples_per_prompt as u64);
+    let eval = eval_samples.saturating_mul(latent + picture);
+    (rollout, eval)
+}
+
+/// The memory problems of a shapes-world config on a machine with `available` bytes free.
+pub fn shapes_memory_problems(cfg: &TrainConfig, available: u64) -> Vec<PreflightProblem> {
+    let (rollout, eval) = shapes_memory_estimate(cfg);
+    let mut out = Vec::new();
+    if rollout > available {
+        out.push(PreflightProblem::Memory {
+            what: "a rollout (rollout.prompts_per_rollout x rollout.group_size samples)",
+            needs: rollout,
+            available,
+        });
+    }
+    if cfg.eval.interval > 0 && eval > available {
+        out.push(PreflightProblem::Memory {
+            what: "an evaluation (eval.samples_per_prompt for each held-out prompt)",
+            needs: eval,
+            available,
+        });
+    }
+    out
+}
+
 /// The largest `eval.samples_per_prompt` preflight accepts.
 pub const MAX_EVAL_SAMPLES_PER_PROMPT: usize = 4096;
 /// The most samples per rollout (`prompts_per_rollout x group_size`) preflight accepts.
@@ -758,6 +811,15 @@ pub enum PreflightProblem {
         /// What is allowed.
         allowed: &'static str,
     },
+    /// The run's largest host buffers would not fit the memory available.
+    Memory {
+        /// What needs it (`a rollout`, `an evaluation`) and the keys that size it.
+        what: &'static str,
+        /// Bytes it needs (estimated).
+        needs: u64,
+        /// Bytes available (`MemAvailable`).
+        available: u64,
+    },
 }
 
 impl PreflightProblem {
@@ -875,6 +937,17 @@ impl fmt::Display for PreflightProblem {
                 given,
                 allowed,
             } => write!(f, "{key} = {given}; allowed: {allowed}"),
+            PreflightProblem::Memory {
+                what,
+                needs,
+                available,
+            } => write!(
+                f,
+                "{what} would hold about {:.1} GiB in host memory, more than the {:.1} GiB \
+                 available: make it smaller",
+                *needs as f64 / GIB,
+                *available as f64 / GIB
+            ),
         }
     }
 }

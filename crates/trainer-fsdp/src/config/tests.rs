@@ -458,3 +458,22 @@ fn parse_problems_and_preflight_problems_come_together() {
         "{err}"
     );
 }
+
+#[test]
+fn memory_bounds_follow_the_machine() {
+    use super::preflight::{shapes_memory_estimate, shapes_memory_problems};
+    let c = TrainConfig::shapes_world_lora();
+    let (rollout, eval) = shapes_memory_estimate(&c);
+    // 64 samples x 13 steps of 64 x 48 f32 latents, twice, plus 64 pictures
+    assert_eq!(rollout, 64 * (2 * 13 * 64 * 48 * 4 + 32 * 32 * 3 * 4));
+    assert_eq!(eval, 24 * 48 * (64 * 48 * 4 + 32 * 32 * 3 * 4));
+    assert!(shapes_memory_problems(&c, 1 << 34).is_empty());
+    let p = shapes_memory_problems(&c, eval - 1);
+    assert_eq!(p.len(), 1, "{p:?}");
+    let msg = p[0].to_string();
+    assert!(
+        msg.contains("eval.samples_per_prompt") && msg.contains("GiB"),
+        "{msg}"
+    );
+    assert_eq!(shapes_memory_problems(&c, rollout.min(eval) - 1).len(), 2);
+}
