@@ -17,7 +17,6 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use burn::module::AutodiffModule;
 use crash_harness::{Harness, say};
 use gaussian_world::*;
 use trainer_fsdp::{StopFlag, TrainerError, TrainerRng, WritePhase, names, read_jsonl};
@@ -48,15 +47,6 @@ fn main() {
         Some(dir) => child(&dir),
         None => parent(),
     }
-}
-
-fn delta(run: &GaussianRun) -> Vec<f32> {
-    AutodiffModule::<Train>::valid(run.model())
-        .delta
-        .val()
-        .into_data()
-        .to_vec::<f32>()
-        .unwrap()
 }
 
 fn child(dir: &Path) {

@@ -11,9 +11,8 @@ mod gaussian_world;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use burn::module::AutodiffModule;
 use gaussian_world::{
-    GaussianRun, Train, start, try_start, try_start_in, try_start_stopping,
+    GaussianRun, delta, start, try_start, try_start_in, try_start_stopping,
     try_start_stopping_in_training,
 };
 use trainer_fsdp::run_dir::{CONFIG_CHANGES_FILE, LOCK_FILE, LockHolder, RunLock};
@@ -404,13 +403,19 @@ fn a_damaged_latest_checkpoint_names_the_fallback_and_resume_from_uses_it() {
     assert_eq!(summary.last_rollout, Some(3));
 }
 
-fn delta(run: &GaussianRun) -> Vec<f32> {
-    AutodiffModule::<Train>::valid(run.model())
-        .delta
-        .val()
-        .into_data()
-        .to_vec::<f32>()
-        .unwrap()
+/// Resumes the stopped 4-rollout run under `b` (its checkpoint after rollout 1) to its end
+/// and checks it against the uninterrupted `straight` run under `a`, bit for bit.
+fn resume_to_the_end(straight: &GaussianRun, a: &Path, b: &Path, cfg: &[&str]) {
+    let mut resume = cfg.to_vec();
+    resume.push("checkpoint.resume=true");
+    let mut resumed = try_start(b, 4, &resume).unwrap();
+    assert_eq!(resumed.next_rollout(), 2);
+    resumed.run(&StopFlag::new()).unwrap();
+    assert_eq!(delta(straight), delta(&resumed), "the resumed run diverged");
+    assert_eq!(
+        crash_harness::metrics(&run_dir(a)),
+        crash_harness::metrics(&run_dir(b))
+    );
 }
 
 fn committed(root: &Path) -> Vec<u64> {
@@ -443,21 +448,7 @@ fn a_stop_during_a_rollout_drops_it_and_commits_the_state_before_it() {
         "the state after rollout 1 was committed"
     );
     drop(run);
-
-    let mut resume = cfg.to_vec();
-    resume.push("checkpoint.resume=true");
-    let mut resumed = try_start(b.path(), 4, &resume).unwrap();
-    assert_eq!(resumed.next_rollout(), 2);
-    resumed.run(&StopFlag::new()).unwrap();
-    assert_eq!(
-        delta(&straight),
-        delta(&resumed),
-        "the resumed run diverged"
-    );
-    assert_eq!(
-        crash_harness::metrics(&run_dir(a.path())),
-        crash_harness::metrics(&run_dir(b.path()))
-    );
+    resume_to_the_end(&straight, a.path(), b.path(), &cfg);
 }
 
 #[test]
@@ -483,21 +474,7 @@ fn a_stop_inside_training_restores_the_state_before_the_rollout() {
     assert_eq!(summary.last_rollout, Some(1));
     assert_eq!(committed(b.path()), [1]);
     drop(run);
-
-    let mut resume = cfg.to_vec();
-    resume.push("checkpoint.resume=true");
-    let mut resumed = try_start(b.path(), 4, &resume).unwrap();
-    assert_eq!(resumed.next_rollout(), 2);
-    resumed.run(&StopFlag::new()).unwrap();
-    assert_eq!(
-        delta(&straight),
-        delta(&resumed),
-        "the resumed run diverged"
-    );
-    assert_eq!(
-        crash_harness::metrics(&run_dir(a.path())),
-        crash_harness::metrics(&run_dir(b.path()))
-    );
+    resume_to_the_end(&straight, a.path(), b.path(), &cfg);
 }
 
 #[test]

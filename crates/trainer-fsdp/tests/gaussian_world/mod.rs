@@ -455,3 +455,13 @@ fn build_in(
         workers,
     )
 }
+
+/// The learned offset of a run's policy.
+pub fn delta(run: &GaussianRun) -> Vec<f32> {
+    burn::module::AutodiffModule::<Train>::valid(run.model())
+        .delta
+        .val()
+        .into_data()
+        .to_vec::<f32>()
+        .unwrap()
+}
