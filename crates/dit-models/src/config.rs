@@ -211,7 +211,7 @@ impl QwenImageConfig {
     pub fn to_diffusers_json(&self) -> Value {
         serde_json::json!({
             "_class_name": "QwenImageTransformer2DModel",
-            "_diffusers_version": "0.35.2",
+            "_diffusers_version": "0.42.1",
             "patch_size": self.patch_size,
             "in_channels": self.in_channels,
             "out_channels": self.out_channels,

@@ -90,6 +90,16 @@ pub enum DitError {
     #[error("the model already carries a LoRA adapter")]
     AdapterAlreadyAttached,
 
+    /// A path named as an adapter holds none.
+    #[error(
+        "{path}: no adapter here: expected a PEFT adapter directory (with adapter_config.json), a directory \
+         with pytorch_lora_weights.safetensors (a diffusers LoRA) or a diffusers LoRA .safetensors file"
+    )]
+    NoAdapterFound {
+        /// The path.
+        path: PathBuf,
+    },
+
     /// The operation needs an adapter and the model has none.
     #[error("the model carries no LoRA adapter")]
     NoAdapter,

@@ -16,6 +16,9 @@
 //! * [`lora`]: adapters on `Linear` layers selected by module-name suffix, `x·W + s·(x·A)·B`,
 //!   frozen base, per-call disable ([`Adapters`]), merge/unmerge, PEFT directory import and
 //!   export, and the [`AdapterContract`] recorded with every save and checked on load.
+//! * [`adapter_files`]: the diffusers LoRA file (`pytorch_lora_weights.safetensors` with its
+//!   `lora_adapter_metadata`) written and read, and one import of either form
+//!   ([`read_adapter`]) that says where its alpha came from and what it did with a dropout.
 //! * [`VelocityModel`]: the small trait samplers and trainers take instead of this type.
 //! * [`checkpointing`]: forward + backward in one call, optionally with per-block activation
 //!   checkpointing ([`ActivationCheckpointing::PerBlock`]).
@@ -44,6 +47,7 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod adapter_files;
 pub mod attention;
 pub mod checkpointing;
 mod config;
@@ -55,6 +59,7 @@ pub mod rope;
 mod velocity;
 pub mod weights;
 
+pub use adapter_files::{AdapterFormat, AdapterImport, AlphaSource, ImportDropout, read_adapter};
 pub use checkpointing::{ActivationCheckpointing, BackwardOutput};
 pub use config::{NORM_EPS, QwenImageConfig, ROPE_THETA};
 pub use error::{

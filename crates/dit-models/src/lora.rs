@@ -18,11 +18,12 @@ use serde_json::Value;
 
 use model_weights::transpose;
 
+use crate::adapter_files::ImportDropout;
 use crate::error::{ConfigProblem, ContractMismatch, DitError};
 use crate::layers::{Linear, LoraAdapter};
 use crate::model::{LayerMut, LayerRef, QwenImageTransformer2DModel, checkpoint_name};
 use crate::weights::{
-    Checkpoint, WeightDtype, device_tensor, host_f32, set_param, write_json, write_safetensors,
+    Checkpoint, WeightDtype, device_tensor, set_param, write_json, write_safetensors,
 };
 
 /// The default LoRA targets: the eight attention projections of each block, image stream
@@ -402,30 +403,22 @@ impl<B: Backend> QwenImageTransformer2DModel<B> {
         &mut self,
         dir: impl AsRef<Path>,
     ) -> Result<AdapterContract, DitError> {
+        self.save_peft_adapter_for(dir, None)
+    }
+
+    /// [`Self::save_peft_adapter`] with `base_model_name_or_path` recorded in
+    /// `adapter_config.json` (a hub id or the base model's directory; PEFT's
+    /// `AutoPeftModel` loads the base from it).
+    pub fn save_peft_adapter_for(
+        &mut self,
+        dir: impl AsRef<Path>,
+        base_model_name_or_path: Option<&str>,
+    ) -> Result<AdapterContract, DitError> {
         let dir = dir.as_ref();
         let contract = self.adapter_contract()?;
         let config = self.lora_config.clone().ok_or(DitError::NoAdapter)?;
         std::fs::create_dir_all(dir).map_err(|e| DitError::io(dir, e))?;
-        let mut tensors = Vec::new();
-        for (path, layer) in self.layers() {
-            if let LayerRef::Linear(l) = layer
-                && let Some(a) = &l.lora
-            {
-                let name = checkpoint_name(&path);
-                let (d_in, d_out) = l.dims();
-                let r = a.rank();
-                tensors.push((
-                    format!("{PEFT_KEY_PREFIX}{name}.lora_A.weight"),
-                    vec![r, d_in],
-                    transpose(&host_f32(a.lora_a.val()), d_in, r),
-                ));
-                tensors.push((
-                    format!("{PEFT_KEY_PREFIX}{name}.lora_B.weight"),
-                    vec![d_out, r],
-                    transpose(&host_f32(a.lora_b.val()), r, d_out),
-                ));
-            }
-        }
+        let tensors = self.adapter_tensors(PEFT_KEY_PREFIX);
         let mut meta = BTreeMap::new();
         meta.insert("format".to_string(), "pt".to_string());
         write_safetensors(&dir.join(ADAPTER_WEIGHTS_FILE), tensors, &meta)?;
@@ -433,7 +426,11 @@ impl<B: Backend> QwenImageTransformer2DModel<B> {
             &dir.join(CONTRACT_FILE),
             &serde_json::to_value(&contract).expect("json"),
         )?;
-        write_json(&dir.join(ADAPTER_CONFIG_FILE), &peft_config_json(&config))?;
+        let mut peft_config = peft_config_json(&config);
+        if let Some(base) = base_model_name_or_path {
+            peft_config["base_model_name_or_path"] = base.into();
+        }
+        write_json(&dir.join(ADAPTER_CONFIG_FILE), &peft_config)?;
         Ok(contract)
     }
 
@@ -453,47 +450,50 @@ impl<B: Backend> QwenImageTransformer2DModel<B> {
         expected: Option<&AdapterContract>,
     ) -> Result<Self, DitError> {
         let dir = dir.as_ref();
-        let config = read_peft_config(&dir.join(ADAPTER_CONFIG_FILE))?;
-        let contract_path = dir.join(CONTRACT_FILE);
-        let recorded: Option<AdapterContract> = if contract_path.is_file() {
-            let text = std::fs::read_to_string(&contract_path)
-                .map_err(|e| DitError::io(&contract_path, e))?;
-            Some(
-                serde_json::from_str(&text).map_err(|source| DitError::Json {
-                    path: contract_path.clone(),
-                    source,
-                })?,
-            )
-        } else {
-            None
-        };
-        let mut model = self.attach_lora(&config)?;
-        if recorded.is_some() || expected.is_some() {
-            let found = model.adapter_contract()?;
-            let mut mismatches = Vec::new();
-            if let Some(r) = &recorded {
-                mismatches.extend(r.mismatches(&found));
-            }
-            match (expected, &recorded) {
-                (Some(e), Some(r)) => mismatches.extend(e.mismatches(r)),
-                (Some(e), None) => mismatches.push(ContractMismatch {
-                    field: "adapter_contract.json",
-                    recorded: format!("{e:?}"),
-                    found: "absent".into(),
-                }),
-                _ => {}
-            }
-            if !mismatches.is_empty() {
-                mismatches.dedup();
-                return Err(DitError::ContractMismatch { mismatches });
-            }
+        if !dir.join(ADAPTER_CONFIG_FILE).is_file() {
+            let path = dir.join(ADAPTER_CONFIG_FILE);
+            return Err(DitError::io(
+                &path,
+                std::io::Error::new(std::io::ErrorKind::NotFound, "no PEFT adapter_config.json"),
+            ));
         }
-        let checkpoint = Checkpoint::open(dir.join(ADAPTER_WEIGHTS_FILE))?;
-        model.load_adapter_tensors(&checkpoint)?;
+        let (model, _) = self.load_adapter(dir, ImportDropout::Refuse, expected)?;
         Ok(model)
     }
 
-    fn load_adapter_tensors(&mut self, checkpoint: &Checkpoint) -> Result<(), DitError> {
+    /// Checks the attached adapter's contract against the one recorded beside its file and
+    /// against `expected`; every disagreement listed.
+    pub(crate) fn check_contracts(
+        &mut self,
+        recorded: Option<&AdapterContract>,
+        expected: Option<&AdapterContract>,
+    ) -> Result<(), DitError> {
+        if recorded.is_none() && expected.is_none() {
+            return Ok(());
+        }
+        let found = self.adapter_contract()?;
+        let mut mismatches = Vec::new();
+        if let Some(r) = recorded {
+            mismatches.extend(r.mismatches(&found));
+        }
+        match (expected, recorded) {
+            (Some(e), Some(r)) => mismatches.extend(e.mismatches(r)),
+            (Some(e), None) => mismatches.push(ContractMismatch {
+                field: "adapter_contract.json",
+                recorded: format!("{e:?}"),
+                found: "absent".into(),
+            }),
+            _ => {}
+        }
+        if mismatches.is_empty() {
+            Ok(())
+        } else {
+            mismatches.dedup();
+            Err(DitError::ContractMismatch { mismatches })
+        }
+    }
+
+    pub(crate) fn load_adapter_tensors(&mut self, checkpoint: &Checkpoint) -> Result<(), DitError> {
         let device = self.img_in.weight.lazy_device();
         let ckpt = checkpoint.weights();
         // Keys may carry PEFT's prefix (PeftModel) or diffusers' `transformer.` prefix.
@@ -540,7 +540,7 @@ impl<B: Backend> QwenImageTransformer2DModel<B> {
 
 /// The `adapter_config.json` PEFT writes for a plain LoRA (the fields PEFT 0.21 reads; the
 /// rest take PEFT's defaults).
-fn peft_config_json(c: &LoraConfig) -> Value {
+pub(crate) fn peft_config_json(c: &LoraConfig) -> Value {
     let mut targets = c.target_modules.clone();
     targets.sort();
     targets.dedup();
@@ -569,13 +569,14 @@ fn peft_config_json(c: &LoraConfig) -> Value {
     })
 }
 
-/// Reads a PEFT `adapter_config.json` into a [`LoraConfig`], listing unsupported features.
-fn read_peft_config(path: &Path) -> Result<LoraConfig, DitError> {
-    let text = std::fs::read_to_string(path).map_err(|e| DitError::io(path, e))?;
-    let v: Value = serde_json::from_str(&text).map_err(|source| DitError::Json {
-        path: path.into(),
-        source,
-    })?;
+/// A PEFT `adapter_config.json`'s fields (read from `path`) as a [`LoraConfig`], listing
+/// unsupported features; a nonzero dropout is refused or, under [`ImportDropout::Zero`], set to
+/// 0 and returned.
+pub(crate) fn peft_config_from_json(
+    v: &Value,
+    path: &Path,
+    dropout_policy: ImportDropout,
+) -> Result<(LoraConfig, Option<f64>), DitError> {
     let field = |f: &'static str, expected: &'static str| DitError::JsonField {
         path: path.into(),
         field: f,
@@ -648,10 +649,11 @@ fn read_peft_config(path: &Path) -> Result<LoraConfig, DitError> {
             .ok_or_else(|| field("lora_dropout", "a number"))?,
     };
     let use_rslora = get("use_rslora").as_bool().unwrap_or(false);
+    let zeroed = (dropout != 0.0 && dropout_policy == ImportDropout::Zero).then_some(dropout);
     let config = LoraConfig::new(rank, alpha)
-        .with_dropout(dropout)
+        .with_dropout(if zeroed.is_some() { 0.0 } else { dropout })
         .with_target_modules(targets)
         .with_use_rslora(use_rslora);
     config.validate()?;
-    Ok(config)
+    Ok((config, zeroed))
 }

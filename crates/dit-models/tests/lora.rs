@@ -243,11 +243,15 @@ fn edit_json(path: &std::path::Path, f: impl FnOnce(&mut Value)) {
     std::fs::write(path, serde_json::to_string_pretty(&v).unwrap()).unwrap();
 }
 
-/// Writes the Rust exports to `dir`: `peft/` (the PEFT adapter), `merged/` (diffusers, f32,
-/// one file) and `merged_sharded_bf16/` (diffusers, bf16 shards plus index).
+/// Writes the Rust exports to `dir`: `peft/` (the PEFT adapter), `diffusers_lora/` (the
+/// diffusers LoRA file), `merged/` (diffusers, f32, one file) and `merged_sharded_bf16/`
+/// (diffusers, bf16 shards plus index).
 fn export(dir: &std::path::Path) -> (QwenImageTransformer2DModel<B>, AdapterContract) {
     let mut model = adapted();
     let contract = model.save_peft_adapter(dir.join("peft")).unwrap();
+    model
+        .save_diffusers_lora(dir.join("diffusers_lora"))
+        .unwrap();
     model
         .save_merged_diffusers(dir.join("merged"), ExportOptions::default())
         .unwrap();
@@ -493,8 +497,9 @@ fn velocity_trait_serves_policy_and_reference() {
     );
 }
 
-/// Writes the exports where `fixtures/generate/dit_models_fixtures.py --verify-export` reads
-/// them when `DIT_MODELS_EXPORT_DIR` is set (a manual cross-check with PEFT and diffusers).
+/// Writes the exports where `fixtures/generate/interop_fixtures.py --verify-export` reads
+/// them when `DIT_MODELS_EXPORT_DIR` is set (the cross-check with PEFT's and diffusers' own
+/// loaders whose file hashes `interop.rs` compares).
 #[test]
 fn export_for_python_check() {
     let tmp = tempfile::tempdir().unwrap();
@@ -506,6 +511,7 @@ fn export_for_python_check() {
         "peft/adapter_model.safetensors",
         "peft/adapter_config.json",
         "peft/adapter_contract.json",
+        "diffusers_lora/pytorch_lora_weights.safetensors",
         "merged/config.json",
         "merged/diffusion_pytorch_model.safetensors",
         "merged_sharded_bf16/diffusion_pytorch_model.safetensors.index.json",

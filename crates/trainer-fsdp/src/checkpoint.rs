@@ -271,7 +271,7 @@ fn hash(bytes: &[u8]) -> String {
     format!("{:032x}", xxhash_rust::xxh3::xxh3_128(bytes))
 }
 
-fn parse_iteration(name: &str) -> Option<u64> {
+pub(crate) fn parse_iteration(name: &str) -> Option<u64> {
     let digits = name.strip_prefix(ITER_PREFIX)?;
     if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
         return None;
@@ -737,27 +737,7 @@ impl CheckpointStore {
     {
         let (manifest, contents) = self.read_verified(ckpt)?;
         let (state, rng, contract) = self.parse_state(ckpt, &contents)?;
-        match (&contract, expected_contract) {
-            (Some(recorded), Some(expected)) => {
-                let mismatches = recorded.mismatches(expected);
-                if !mismatches.is_empty() {
-                    return Err(TrainerError::ContractMismatch {
-                        dir: ckpt.dir.clone(),
-                        mismatches,
-                    });
-                }
-            }
-            (None, None) => {}
-            (recorded, expected) => {
-                return Err(TrainerError::Checkpoint {
-                    dir: ckpt.dir.clone(),
-                    problem: CheckpointProblem::TrainableModeMismatch {
-                        checkpoint_has_adapter: recorded.is_some(),
-                        run_has_adapter: expected.is_some(),
-                    },
-                });
-            }
-        }
+        check_contract(ckpt, contract.as_ref(), expected_contract)?;
         let weights_path = ckpt.dir.join(WEIGHTS_FILE);
         let model = decode_weights::<B, M>(model, &contents[WEIGHTS_FILE], &weights_path)?;
         let optimizer = decode_optimizer::<B, M, O>(
@@ -775,6 +755,26 @@ impl CheckpointStore {
             rng,
             contract,
         })
+    }
+
+    /// The trainable weights of a committed checkpoint loaded into `model`, with its trainer
+    /// state, and nothing else: the optimizer record is verified (every file's hash is) but
+    /// not decoded, and nothing is written — what an export reads.
+    ///
+    /// # Errors
+    /// As [`CheckpointStore::load`].
+    pub fn load_weights<B: Backend, M: Module<B>>(
+        &self,
+        ckpt: &CommittedCheckpoint,
+        model: M,
+        expected_contract: Option<&AdapterContract>,
+    ) -> Result<(M, TrainerState), TrainerError> {
+        let (_, contents) = self.read_verified(ckpt)?;
+        let (state, _, contract) = self.parse_state(ckpt, &contents)?;
+        check_contract(ckpt, contract.as_ref(), expected_contract)?;
+        let model =
+            decode_weights::<B, M>(model, &contents[WEIGHTS_FILE], &ckpt.dir.join(WEIGHTS_FILE))?;
+        Ok((model, state))
     }
 
     /// [`CheckpointStore::load`] of the latest committed checkpoint, or
@@ -804,6 +804,36 @@ impl CheckpointStore {
                 device,
             )?))),
         }
+    }
+}
+
+/// The checkpoint's recorded adapter contract against the run's: equal, or both absent (full
+/// fine-tuning).
+fn check_contract(
+    ckpt: &CommittedCheckpoint,
+    recorded: Option<&AdapterContract>,
+    expected: Option<&AdapterContract>,
+) -> Result<(), TrainerError> {
+    match (recorded, expected) {
+        (Some(recorded), Some(expected)) => {
+            let mismatches = recorded.mismatches(expected);
+            if mismatches.is_empty() {
+                Ok(())
+            } else {
+                Err(TrainerError::ContractMismatch {
+                    dir: ckpt.dir.clone(),
+                    mismatches,
+                })
+            }
+        }
+        (None, None) => Ok(()),
+        (recorded, expected) => Err(TrainerError::Checkpoint {
+            dir: ckpt.dir.clone(),
+            problem: CheckpointProblem::TrainableModeMismatch {
+                checkpoint_has_adapter: recorded.is_some(),
+                run_has_adapter: expected.is_some(),
+            },
+        }),
     }
 }
 

@@ -50,23 +50,33 @@ pub trait Job<B: AutodiffBackend> {
     ) -> Result<Self::Output, TrainerError>;
 }
 
-/// Loads the world that `cfg.model.generator` names, builds the algorithm of the validated
-/// config, and runs `job` with both.
+/// Work to do with whichever world a config names (no algorithm: export, inspection).
+pub trait WorldJob<B: AutodiffBackend> {
+    /// What the job returns.
+    type Output;
+
+    /// Does the work with the configured world.
+    ///
+    /// # Errors
+    /// The job's own.
+    fn run<W: World<B>>(self, world: W) -> Result<Self::Output, TrainerError>;
+}
+
+/// Loads the world that `cfg.model.generator` names and runs `job` with it.
 ///
 /// # Errors
 /// [`TrainerError::GeneratorUnsupported`] for a generator whose pipeline does not exist yet
 /// (a diffusers Qwen-Image directory: the text encoder, tokenizer and VAE are missing), world
 /// loading errors, and the job's errors.
-pub fn dispatch<B: AutodiffBackend, J: Job<B>>(
+pub fn with_world<B: AutodiffBackend, J: WorldJob<B>>(
     cfg: &TrainConfig,
-    pre: &Preflight,
     device: &B::Device,
     job: J,
 ) -> Result<J::Output, TrainerError> {
     match &cfg.model.generator {
         GeneratorSource::ShapesWorld { dir } => {
             let world = ShapesWorld::<B::InnerBackend>::load(dir, &cfg.reward.scorers, device)?;
-            with_algorithm(pre, world, job)
+            job.run(world)
         }
         GeneratorSource::QwenImage { model_path, .. } => Err(TrainerError::GeneratorUnsupported {
             generator: format!(
@@ -77,6 +87,34 @@ pub fn dispatch<B: AutodiffBackend, J: Job<B>>(
                           tokenizer, and the VAE decoder (dit-models loads and trains the transformer; PickScore \
                           scores images) — the shapes world is the world that trains until they exist",
         }),
+    }
+}
+
+/// Loads the world that `cfg.model.generator` names, builds the algorithm of the validated
+/// config, and runs `job` with both.
+///
+/// # Errors
+/// As [`with_world`], and the job's errors.
+pub fn dispatch<B: AutodiffBackend, J: Job<B>>(
+    cfg: &TrainConfig,
+    pre: &Preflight,
+    device: &B::Device,
+    job: J,
+) -> Result<J::Output, TrainerError> {
+    with_world(cfg, device, WithAlgorithm { pre, job })
+}
+
+/// A [`Job`] as a [`WorldJob`]: the algorithm of the validated config added.
+struct WithAlgorithm<'a, J> {
+    pre: &'a Preflight,
+    job: J,
+}
+
+impl<B: AutodiffBackend, J: Job<B>> WorldJob<B> for WithAlgorithm<'_, J> {
+    type Output = J::Output;
+
+    fn run<W: World<B>>(self, world: W) -> Result<J::Output, TrainerError> {
+        with_algorithm(self.pre, world, self.job)
     }
 }
 

@@ -126,6 +126,56 @@ pub enum TrainerError {
         missing: &'static str,
     },
 
+    /// An export's source is not a run directory or committed checkpoint, or names none.
+    #[error("export from {path}: {problem}")]
+    ExportSource {
+        /// The path given.
+        path: PathBuf,
+        /// What is wrong.
+        problem: String,
+    },
+
+    /// An export request asks for something its form does not take.
+    #[error("export: {problem}")]
+    ExportRequest {
+        /// What is wrong.
+        problem: String,
+    },
+
+    /// An export's output directory cannot be used.
+    #[error("export to {path}: {problem}")]
+    ExportTarget {
+        /// The output directory.
+        path: PathBuf,
+        /// What is wrong.
+        problem: String,
+    },
+
+    /// The world, or the run's trainable mode, has no such export.
+    #[error("{world} cannot export the {form} form: {reason}")]
+    ExportUnsupported {
+        /// The world's name.
+        world: String,
+        /// The form asked for.
+        form: &'static str,
+        /// Why.
+        reason: String,
+    },
+
+    /// A reloaded export's forward differs from the checkpoint's; nothing was published.
+    #[error(
+        "export verification failed: {reloaded_as} differs from the checkpoint's policy by {max_abs:e} \
+         (tolerance {tolerance:e}); nothing was written to the output directory"
+    )]
+    ExportVerify {
+        /// How the export was reloaded.
+        reloaded_as: String,
+        /// The largest absolute difference (NaN when non-finite).
+        max_abs: f64,
+        /// The tolerance.
+        tolerance: f64,
+    },
+
     /// A model configuration file is missing or invalid.
     #[error("model config {path}: {source}")]
     ModelConfig {

@@ -31,6 +31,8 @@
 //! * [`dispatch`]: the world and algorithm a config names, handed to a job generic over both;
 //!   [`dispatch::train`], the main job on one process.
 //! * [`sweep`]: the main job's result over seeds, as a table with mean, min and max.
+//! * [`export`]: a committed checkpoint's policy as a PEFT adapter, a diffusers LoRA file or
+//!   merged diffusers weights, each reloaded and checked on request, read-only on the run.
 //!
 //! ```
 //! use trainer_fsdp::{RecipeName, TrainConfig};
@@ -47,6 +49,7 @@ pub mod clip;
 pub mod config;
 pub mod dispatch;
 mod error;
+pub mod export;
 pub mod lr;
 pub mod monitor;
 mod rng;

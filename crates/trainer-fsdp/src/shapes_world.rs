@@ -26,7 +26,7 @@
 
 use std::path::Path;
 
-use burn::module::{Module, Param};
+use burn::module::{AutodiffModule, Module, Param};
 use burn::nn::transformer::{
     TransformerEncoder, TransformerEncoderConfig, TransformerEncoderInput,
 };
@@ -717,6 +717,38 @@ impl<B: AutodiffBackend> World<B> for ShapesWorld<B::InnerBackend> {
 
     fn image(&self, sample: &RgbImage) -> Option<RgbImage> {
         Some(sample.clone())
+    }
+
+    /// Every [`ExportForm`](crate::export::ExportForm) of the transformer, against the base
+    /// `<generator dir>/transformer`; the probe is the first two held-out prompts at
+    /// `sigma = 0.8, 0.3` on a fixed latent.
+    fn export_policy(
+        &self,
+        policy: &QwenImageTransformer2DModel<B>,
+        request: &crate::export::ExportRequest,
+        out: &Path,
+    ) -> Result<crate::export::ExportedPolicy, TrainerError> {
+        let model = policy.valid();
+        let device = model.img_in.weight.lazy_device();
+        let prompts: Vec<&str> = self.held_out_prompts[..2]
+            .iter()
+            .map(String::as_str)
+            .collect();
+        let cond = text_conditioning(&self.text, &prompts, &device)?;
+        let [tokens, channels] = [TOKEN_GRID * TOKEN_GRID, TOKEN_CHANNELS];
+        let values: Vec<f32> = (0..2 * tokens * channels)
+            .map(|i| (i as f32 * 0.618).sin())
+            .collect();
+        let x = Tensor::from_data(TensorData::new(values, [2, tokens, channels]), &device);
+        let sigma = Tensor::from_floats([0.8, 0.3], &device);
+        crate::export::export_qwen_image_transformer(
+            &<Self as World<B>>::name(self),
+            model,
+            &self.dir.join("transformer"),
+            request,
+            out,
+            (x, sigma, &cond),
+        )
     }
 }
 

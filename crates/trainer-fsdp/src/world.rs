@@ -20,6 +20,8 @@
 //! The shapes world ([`crate::shapes_world::ShapesWorld`]) is the first implementation; a test
 //! implements an analytic Gaussian world from outside the crate.
 
+use std::path::Path;
+
 use burn::module::AutodiffModule;
 use burn::tensor::Tensor;
 use burn::tensor::backend::{AutodiffBackend, Backend};
@@ -30,6 +32,7 @@ use velocity_model::{Conditioning, VelocityModel};
 
 use crate::config::Trainable;
 use crate::error::TrainerError;
+use crate::export::{ExportRequest, ExportedPolicy};
 use crate::rng::TrainerRng;
 
 /// One held-out evaluation prompt and the category its mean is reported under
@@ -158,4 +161,28 @@ pub trait World<B: AutodiffBackend>: Sync {
 
     /// A picture of a sample for the run's PNGs and sample grids, if it has one.
     fn image(&self, sample: &Self::Sample) -> Option<RgbImage>;
+
+    /// Writes `policy` (a committed checkpoint's, rebuilt by [`crate::export::export`]) in
+    /// `request.form` into the empty directory `out`; with `request.verify`, reloads what it
+    /// wrote the way the form's users load it and compares the velocities with `policy`'s on
+    /// a fixed probe ([`TrainerError::ExportVerify`] above the form's tolerance).
+    ///
+    /// The default: this world has no export formats.
+    ///
+    /// # Errors
+    /// [`TrainerError::ExportUnsupported`], [`TrainerError::ExportVerify`], model and IO
+    /// errors.
+    fn export_policy(
+        &self,
+        policy: &Self::Policy,
+        request: &ExportRequest,
+        out: &Path,
+    ) -> Result<ExportedPolicy, TrainerError> {
+        let _ = (policy, out);
+        Err(TrainerError::ExportUnsupported {
+            world: self.name(),
+            form: request.form.as_str(),
+            reason: "the world defines no export formats".into(),
+        })
+    }
 }

@@ -294,6 +294,17 @@ impl TrainConfig {
         }
     }
 
+    /// What trains, checked on its own (the `[model]` trainable mode and the `[lora]` section)
+    /// — for tools that rebuild a run's policy without running it, such as export.
+    ///
+    /// # Errors
+    /// [`TrainerError::Preflight`] with the trainable-mode and LoRA problems.
+    pub fn trainable(&self) -> Result<Trainable, TrainerError> {
+        let mut p = Vec::new();
+        self.check_trainable(&mut p, &mut Vec::new())
+            .ok_or(TrainerError::Preflight { problems: p })
+    }
+
     fn check_trainable(
         &self,
         p: &mut Vec<PreflightProblem>,

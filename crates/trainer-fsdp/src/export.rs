@@ -1,0 +1,560 @@
+//! A committed checkpoint's policy in the forms the ecosystem loads, read-only on the run.
+//!
+//! [`export`] takes a run directory (its newest committed checkpoint, or `iteration`) or a
+//! checkpoint's own `iter_*` directory, rebuilds the run's policy from its
+//! `config.resolved.toml` (the world's base model, the adapter the config names), loads the
+//! checkpoint's trainable weights into it ([`CheckpointStore::load_weights`]: every file's hash
+//! verified, nothing written) and hands it to the world ([`World::export_policy`]), which writes
+//! one of the [`ExportForm`]s:
+//!
+//! * [`ExportForm::Peft`]: a PEFT adapter directory (`adapter_config.json`,
+//!   `adapter_model.safetensors`), for `PeftModel.from_pretrained`;
+//! * [`ExportForm::DiffusersLora`]: `pytorch_lora_weights.safetensors` with its LoRA config in
+//!   the header, for `QwenImagePipeline.load_lora_weights` at the trained scale;
+//! * [`ExportForm::Merged`]: a diffusers transformer directory with the adapter folded in (f32
+//!   or bf16, sharded with an index above a size), for `from_pretrained`.
+//!
+//! With `verify`, the world reloads what it wrote the way a user would and compares its
+//! forward with the checkpoint's own on a fixed probe; a difference above the form's tolerance
+//! is an error and nothing is published.
+//!
+//! The output is written into a fresh sibling directory (`<out>.partial-<pid>`) and renamed
+//! into place only once complete (and verified): an interrupted export leaves no half-written
+//! `out`, and an export never mixes with files of an earlier one (a stale shard index, say).
+//! An existing non-empty `out` is refused unless `overwrite`, which replaces it whole.
+
+use std::path::{Path, PathBuf};
+
+use burn::tensor::Tensor;
+use burn::tensor::backend::AutodiffBackend;
+use dit_models::{
+    ExportDtype, ExportOptions, ImportDropout, LoadOptions, QwenImageConditioning,
+    QwenImageTransformer2DModel, VelocityModel, WeightDtype,
+};
+
+use crate::checkpoint::{COMMITTED_FILE, CheckpointStore, CommittedCheckpoint};
+use crate::config::{RESOLVED_CONFIG_FILE, TrainConfig};
+use crate::dispatch::{WorldJob, with_world};
+use crate::error::{TrainerError, io_err};
+use crate::world::World;
+
+/// An export form.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExportForm {
+    /// A PEFT adapter directory.
+    Peft,
+    /// A diffusers LoRA file (`pytorch_lora_weights.safetensors`).
+    DiffusersLora,
+    /// A diffusers transformer directory, adapter merged.
+    Merged,
+}
+
+impl ExportForm {
+    /// Every form, in the order of [`ExportForm::as_str`]'s names.
+    pub const ALL: [ExportForm; 3] = [
+        ExportForm::Peft,
+        ExportForm::DiffusersLora,
+        ExportForm::Merged,
+    ];
+
+    /// The form's name on the command line: `peft`, `diffusers-lora`, `merged`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ExportForm::Peft => "peft",
+            ExportForm::DiffusersLora => "diffusers-lora",
+            ExportForm::Merged => "merged",
+        }
+    }
+
+    /// The form named `name`.
+    ///
+    /// # Errors
+    /// [`TrainerError::ExportRequest`] naming the forms there are.
+    pub fn parse(name: &str) -> Result<Self, TrainerError> {
+        Self::ALL
+            .into_iter()
+            .find(|f| f.as_str() == name)
+            .ok_or_else(|| TrainerError::ExportRequest {
+                problem: format!(
+                    "unknown form {name:?}: expected one of {}",
+                    Self::ALL.map(|f| f.as_str()).join(", ")
+                ),
+            })
+    }
+
+    /// Whether the form holds an adapter (as opposed to full weights).
+    pub fn is_adapter(self) -> bool {
+        !matches!(self, ExportForm::Merged)
+    }
+}
+
+/// What to export and how.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExportRequest {
+    /// The form.
+    pub form: ExportForm,
+    /// The dtype of a merged export's weights (adapters are written in f32).
+    pub dtype: ExportDtype,
+    /// A merged export's largest shard in bytes (diffusers' rule: a tensor starts a new shard
+    /// when it would overflow the current one); `None`: one file.
+    pub max_shard_bytes: Option<u64>,
+    /// Reload what was written and compare its forward with the checkpoint's.
+    pub verify: bool,
+}
+
+impl ExportRequest {
+    /// A request for `form` in f32, one file, verified.
+    pub fn new(form: ExportForm) -> Self {
+        Self {
+            form,
+            dtype: ExportDtype::F32,
+            max_shard_bytes: None,
+            verify: true,
+        }
+    }
+
+    /// Every problem of the request.
+    ///
+    /// # Errors
+    /// [`TrainerError::ExportRequest`]: a dtype or sharding asked of an adapter form, a shard
+    /// size of 0.
+    pub fn validate(&self) -> Result<(), TrainerError> {
+        let mut problems = Vec::new();
+        if self.form.is_adapter() && self.dtype != ExportDtype::F32 {
+            problems.push(format!(
+                "--dtype {} applies to the merged form only ({} adapters are written in f32)",
+                dtype_name(self.dtype),
+                self.form.as_str()
+            ));
+        }
+        if self.form.is_adapter() && self.max_shard_bytes.is_some() {
+            problems.push(format!(
+                "--max-shard-bytes applies to the merged form only (a {} export is one small file)",
+                self.form.as_str()
+            ));
+        }
+        if self.max_shard_bytes == Some(0) {
+            problems.push("--max-shard-bytes must be positive".into());
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(TrainerError::ExportRequest {
+                problem: problems.join("; "),
+            })
+        }
+    }
+}
+
+/// A dtype's name on the command line.
+pub fn dtype_name(d: ExportDtype) -> &'static str {
+    match d {
+        ExportDtype::F32 => "f32",
+        ExportDtype::Bf16 => "bf16",
+    }
+}
+
+/// How a reloaded export compared with the checkpoint's policy.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Verification {
+    /// How it was reloaded (e.g. "the base plus the PEFT adapter directory").
+    pub reloaded_as: String,
+    /// The largest absolute difference of the velocities on the probe.
+    pub max_abs: f64,
+    /// The tolerance it was held to.
+    pub tolerance: f64,
+    /// The probe's size (values compared).
+    pub values: usize,
+}
+
+/// What a world's export wrote.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExportedPolicy {
+    /// The files written, relative to the output directory.
+    pub files: Vec<PathBuf>,
+    /// The base model the export applies to (a diffusers transformer directory).
+    pub base_model: PathBuf,
+    /// The verification, when asked for.
+    pub verification: Option<Verification>,
+}
+
+/// What [`export`] did.
+#[derive(Debug, Clone)]
+pub struct ExportReport {
+    /// The checkpoint exported.
+    pub checkpoint: CommittedCheckpoint,
+    /// The run's config it rebuilt the policy from.
+    pub config: PathBuf,
+    /// The form.
+    pub form: ExportForm,
+    /// Where the export now is.
+    pub out: PathBuf,
+    /// The world's account.
+    pub exported: ExportedPolicy,
+    /// The earlier export `overwrite` replaced, if any.
+    pub replaced: bool,
+}
+
+/// Where an export reads from: the run config and the checkpoint.
+#[derive(Debug, Clone)]
+struct Source {
+    config: PathBuf,
+    /// A checkpoint named directly (`iter_*` directory).
+    iteration: Option<u64>,
+}
+
+/// Finds the run config and the checkpoint `path` names: a run directory (holding
+/// `config.resolved.toml`) or a committed `iter_*` directory below one.
+fn locate(path: &Path, config: Option<&Path>) -> Result<Source, TrainerError> {
+    let bad = |problem: String| TrainerError::ExportSource {
+        path: path.to_path_buf(),
+        problem,
+    };
+    if !path.is_dir() {
+        return Err(bad("not a directory".into()));
+    }
+    let iteration = if path.join(COMMITTED_FILE).is_file() {
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        Some(
+            crate::checkpoint::parse_iteration(name)
+                .ok_or_else(|| bad(format!("{name:?} is not an iter_<N> checkpoint directory")))?,
+        )
+    } else {
+        None
+    };
+    let config = match config {
+        Some(c) => c.to_path_buf(),
+        None => path
+            .ancestors()
+            .take(5)
+            .map(|d| d.join(RESOLVED_CONFIG_FILE))
+            .find(|c| c.is_file())
+            .ok_or_else(|| {
+                bad(format!(
+                    "no {RESOLVED_CONFIG_FILE} here or in the directories above: name a run \
+                     directory, a committed iter_<N> directory inside one, or the run's config \
+                     with --config"
+                ))
+            })?,
+    };
+    Ok(Source { config, iteration })
+}
+
+/// Exports the policy of a committed checkpoint; see the module docs.
+///
+/// `path` is a run directory or a committed `iter_<N>` directory; `iteration` picks another
+/// committed checkpoint of the run (the newest by default); `config` overrides where the
+/// run's resolved config is looked for.
+///
+/// # Errors
+/// [`TrainerError::ExportSource`] (no run config, no committed checkpoint, an iteration that
+/// is not committed), [`TrainerError::ExportRequest`], [`TrainerError::ExportTarget`] (an
+/// existing non-empty `out` without `overwrite`), [`TrainerError::ExportUnsupported`] (a
+/// world or trainable mode without that form), [`TrainerError::ExportVerify`], and the
+/// checkpoint, model and IO errors underneath.
+pub fn export<B: AutodiffBackend>(
+    path: &Path,
+    iteration: Option<u64>,
+    config: Option<&Path>,
+    out: &Path,
+    request: &ExportRequest,
+    overwrite: bool,
+    device: &B::Device,
+) -> Result<ExportReport, TrainerError> {
+    request.validate()?;
+    let source = locate(path, config)?;
+    let cfg = TrainConfig::from_file(&source.config, &[])?;
+    let store = CheckpointStore::new(&cfg.checkpoint.dir, &cfg.run.task, None)?;
+    let committed = store.committed()?;
+    let wanted = match (source.iteration, iteration) {
+        (Some(a), Some(b)) if a != b => {
+            return Err(TrainerError::ExportSource {
+                path: path.to_path_buf(),
+                problem: format!("names checkpoint {a} and --iteration {b}"),
+            });
+        }
+        (a, b) => a.or(b),
+    };
+    let checkpoint = match wanted {
+        Some(i) => committed.iter().find(|c| c.iteration == i).cloned(),
+        None => committed.last().cloned(),
+    }
+    .ok_or_else(|| TrainerError::ExportSource {
+        path: path.to_path_buf(),
+        problem: match wanted {
+            Some(i) => format!(
+                "checkpoint {i} is not committed in {} (committed: {:?})",
+                store.task_dir().display(),
+                committed.iter().map(|c| c.iteration).collect::<Vec<_>>()
+            ),
+            None => format!("no committed checkpoint in {}", store.task_dir().display()),
+        },
+    })?;
+    if out.exists() && !overwrite && !is_empty_dir(out)? {
+        return Err(TrainerError::ExportTarget {
+            path: out.to_path_buf(),
+            problem: "exists and is not empty (--overwrite replaces it)".into(),
+        });
+    }
+    let staging = staging_dir(out)?;
+    let job = ExportJob::<B> {
+        cfg: &cfg,
+        store: &store,
+        checkpoint: &checkpoint,
+        request,
+        staging: &staging,
+        device: device.clone(),
+    };
+    let exported = match with_world(&cfg, device, job) {
+        Ok(e) => e,
+        Err(e) => {
+            // a failed (or unverified) export is not published
+            let _ = std::fs::remove_dir_all(&staging);
+            return Err(e);
+        }
+    };
+    let replaced = publish(&staging, out)?;
+    Ok(ExportReport {
+        checkpoint,
+        config: source.config,
+        form: request.form,
+        out: out.to_path_buf(),
+        exported,
+        replaced,
+    })
+}
+
+fn is_empty_dir(path: &Path) -> Result<bool, TrainerError> {
+    if !path.is_dir() {
+        return Ok(false);
+    }
+    Ok(std::fs::read_dir(path)
+        .map_err(io_err(path, "read the export directory"))?
+        .next()
+        .is_none())
+}
+
+/// A fresh directory beside `out` to write the export into.
+fn staging_dir(out: &Path) -> Result<PathBuf, TrainerError> {
+    let name = out
+        .file_name()
+        .ok_or_else(|| TrainerError::ExportTarget {
+            path: out.to_path_buf(),
+            problem: "has no final component to name the export directory".into(),
+        })?
+        .to_string_lossy()
+        .into_owned();
+    let parent = match out.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    std::fs::create_dir_all(&parent).map_err(io_err(&parent, "create"))?;
+    let staging = parent.join(format!("{name}.partial-{}", std::process::id()));
+    if staging.exists() {
+        std::fs::remove_dir_all(&staging)
+            .map_err(io_err(&staging, "remove a stale staging directory"))?;
+    }
+    std::fs::create_dir(&staging).map_err(io_err(&staging, "create"))?;
+    Ok(staging)
+}
+
+/// Moves the complete export into place, replacing what was there; `true` when something was
+/// replaced.
+fn publish(staging: &Path, out: &Path) -> Result<bool, TrainerError> {
+    let replaced = out.exists();
+    let mut old = out.as_os_str().to_owned();
+    old.push(format!(".replaced-{}", std::process::id()));
+    let old = PathBuf::from(old);
+    if replaced {
+        std::fs::rename(out, &old).map_err(io_err(out, "move the earlier export aside"))?;
+    }
+    std::fs::rename(staging, out).map_err(io_err(out, "publish the export"))?;
+    if let Some(parent) = out.parent() {
+        let parent = if parent.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            parent
+        };
+        durable::sync_dir(parent)?;
+    }
+    if replaced {
+        std::fs::remove_dir_all(&old).map_err(io_err(&old, "remove the earlier export"))?;
+    }
+    Ok(replaced)
+}
+
+/// [`export`]'s world job: the run's policy, the checkpoint's weights, the world's export.
+struct ExportJob<'a, B: AutodiffBackend> {
+    cfg: &'a TrainConfig,
+    store: &'a CheckpointStore,
+    checkpoint: &'a CommittedCheckpoint,
+    request: &'a ExportRequest,
+    staging: &'a Path,
+    device: B::Device,
+}
+
+impl<B: AutodiffBackend> WorldJob<B> for ExportJob<'_, B> {
+    type Output = ExportedPolicy;
+
+    fn run<W: World<B>>(self, world: W) -> Result<ExportedPolicy, TrainerError> {
+        let trainable = self.cfg.trainable()?;
+        let loaded = world.load_policy(&trainable, self.cfg.run.seed, &self.device)?;
+        let (policy, _) = self.store.load_weights::<B, _>(
+            self.checkpoint,
+            loaded.model,
+            loaded.contract.as_ref(),
+        )?;
+        world.export_policy(&policy, self.request, self.staging)
+    }
+}
+
+/// The Qwen-Image transformer's export, for every world whose policy is a
+/// [`QwenImageTransformer2DModel`]: `model` (the checkpoint's policy on a plain backend) in
+/// `request.form` into `out`, against the base transformer directory `base`; with
+/// `request.verify`, reloaded from `out` (the base plus the adapter file, or the merged
+/// directory alone) and compared on the velocities of `probe` (`x`, `sigma`, conditioning).
+///
+/// Tolerances (max abs over the probe, relative to `max(1, max |v|)`): `1e-5` for the adapter
+/// forms (an f32 round trip of the factors: expected exact), `1e-4` for the merged f32 form
+/// (`W + s·A·B` folded once), `5e-2` for the merged bf16 form (every weight rounded to 8
+/// significant bits).
+///
+/// # Errors
+/// [`TrainerError::ExportUnsupported`] for an adapter form of a model without an adapter
+/// (full fine-tuning exports the merged form), [`TrainerError::ExportVerify`], model and IO
+/// errors.
+pub fn export_qwen_image_transformer<Bi: burn::tensor::backend::Backend>(
+    world: &str,
+    mut model: QwenImageTransformer2DModel<Bi>,
+    base: &Path,
+    request: &ExportRequest,
+    out: &Path,
+    probe: (Tensor<Bi, 3>, Tensor<Bi, 1>, &QwenImageConditioning<Bi>),
+) -> Result<ExportedPolicy, TrainerError> {
+    if request.form.is_adapter() && model.lora_config().is_none() {
+        return Err(TrainerError::ExportUnsupported {
+            world: world.to_string(),
+            form: request.form.as_str(),
+            reason: "the run trains every parameter (no adapter): export the merged form".into(),
+        });
+    }
+    let base_name = base.to_string_lossy().into_owned();
+    let contract = match request.form {
+        ExportForm::Peft => Some(model.save_peft_adapter_for(out, Some(&base_name))?),
+        ExportForm::DiffusersLora => Some(model.save_diffusers_lora(out)?),
+        ExportForm::Merged => {
+            model.save_merged_diffusers(
+                out,
+                ExportOptions {
+                    dtype: request.dtype,
+                    max_shard_bytes: request.max_shard_bytes,
+                },
+            )?;
+            None
+        }
+    };
+    let mut files: Vec<PathBuf> = std::fs::read_dir(out)
+        .map_err(io_err(out, "list the export"))?
+        .map(|e| e.map(|e| PathBuf::from(e.file_name())))
+        .collect::<Result<_, _>>()
+        .map_err(io_err(out, "list the export"))?;
+    files.sort();
+    let verification = if request.verify {
+        let device = model.img_in.weight.lazy_device();
+        let load = |dir: &Path| {
+            QwenImageTransformer2DModel::<Bi>::from_pretrained(
+                dir,
+                &device,
+                LoadOptions {
+                    dtype: WeightDtype::F32,
+                    hash: contract.is_some(),
+                },
+            )
+        };
+        let (reloaded, reloaded_as, tolerance) = match request.form {
+            ExportForm::Peft | ExportForm::DiffusersLora => {
+                let (m, _) =
+                    load(base)?.load_adapter(out, ImportDropout::Refuse, contract.as_ref())?;
+                let what = format!(
+                    "the base {} plus the {} in the export",
+                    base.display(),
+                    if request.form == ExportForm::Peft {
+                        "PEFT adapter"
+                    } else {
+                        "diffusers LoRA file"
+                    }
+                );
+                (m, what, 1e-5)
+            }
+            ExportForm::Merged => {
+                let tol = match request.dtype {
+                    ExportDtype::F32 => 1e-4,
+                    ExportDtype::Bf16 => 5e-2,
+                };
+                (
+                    load(out)?,
+                    "the merged transformer directory".to_string(),
+                    tol,
+                )
+            }
+        };
+        let (x, sigma, cond) = probe;
+        let want = model
+            .velocity(x.clone(), sigma.clone(), cond)
+            .into_data()
+            .convert::<f32>()
+            .into_vec::<f32>()
+            .expect("f32");
+        let got = reloaded
+            .velocity(x, sigma, cond)
+            .into_data()
+            .convert::<f32>()
+            .into_vec::<f32>()
+            .expect("f32");
+        let scale = want.iter().fold(1.0f64, |m, v| {
+            if m.is_nan() || v.is_nan() {
+                f64::NAN
+            } else {
+                m.max(v.abs() as f64)
+            }
+        });
+        let max_abs = max_abs_diff(&want, &got);
+        let tolerance = tolerance * scale;
+        if max_abs.is_nan() || max_abs > tolerance {
+            return Err(TrainerError::ExportVerify {
+                reloaded_as,
+                max_abs,
+                tolerance,
+            });
+        }
+        Some(Verification {
+            reloaded_as,
+            max_abs,
+            tolerance,
+            values: want.len(),
+        })
+    } else {
+        None
+    };
+    Ok(ExportedPolicy {
+        files,
+        base_model: base.to_path_buf(),
+        verification,
+    })
+}
+
+/// The largest absolute difference of two equally long slices; NaN when any value is NaN
+/// (or the lengths differ), so that a NaN never reads as agreement.
+pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f64 {
+    if a.len() != b.len() {
+        return f64::NAN;
+    }
+    a.iter().zip(b).fold(0.0f64, |m, (x, y)| {
+        let d = (*x as f64 - *y as f64).abs();
+        if m.is_nan() || d.is_nan() {
+            f64::NAN
+        } else {
+            m.max(d)
+        }
+    })
+}
