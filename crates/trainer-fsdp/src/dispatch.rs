@@ -171,7 +171,7 @@ impl<B: AutodiffBackend> Job<B> for TrainJob<B> {
     ) -> Result<RunSummary, TrainerError> {
         let cfg = self.cfg;
         println!(
-            "flowrl {} ({}) in the {}: {} rollouts of {} prompts x {} candidates, {} steps ({}), LoRA rank {}, lr {}, seed {}; run directory {}",
+            "flowrl {} ({}) in the {}: {} rollouts of {} prompts x {} candidates, {} steps ({}), LoRA rank {}{}, lr {}, seed {}; run directory {}",
             algorithm.name(),
             cfg.recipe.map(|r| r.as_str()).unwrap_or("config file"),
             world.name(),
@@ -181,6 +181,10 @@ impl<B: AutodiffBackend> Job<B> for TrainJob<B> {
             cfg.sampling.num_inference_steps,
             trained_steps(&cfg),
             cfg.lora_rank(),
+            match cfg.lora.as_ref().and_then(|l| l.init_from.as_ref()) {
+                Some(p) => format!(" started from {}", p.display()),
+                None => String::new(),
+            },
             cfg.optimizer.lr,
             cfg.run.seed,
             self.run_dir.display(),

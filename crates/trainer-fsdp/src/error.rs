@@ -126,6 +126,15 @@ pub enum TrainerError {
         missing: &'static str,
     },
 
+    /// The `lora.init_from` adapter is not what preflight read (it changed on disk since).
+    #[error("lora.init_from = {path}: the adapter changed since preflight read it (now: {found})")]
+    InitAdapterChanged {
+        /// The adapter.
+        path: PathBuf,
+        /// What is there now.
+        found: String,
+    },
+
     /// An export's source is not a run directory or committed checkpoint, or names none.
     #[error("export from {path}: {problem}")]
     ExportSource {

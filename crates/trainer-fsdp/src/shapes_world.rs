@@ -661,6 +661,17 @@ impl<B: AutodiffBackend> World<B> for ShapesWorld<B::InnerBackend> {
                 dit = dit.attach_lora(lora)?;
                 contract = Some(dit.adapter_contract()?);
             }
+            Trainable::LoraFrom(init) => {
+                let (model, import) = dit.load_adapter(&init.path, init.dropout, None)?;
+                if import.config != init.config {
+                    return Err(TrainerError::InitAdapterChanged {
+                        path: init.path.clone(),
+                        found: import.describe(),
+                    });
+                }
+                dit = model;
+                contract = Some(dit.adapter_contract()?);
+            }
             Trainable::Full => {}
         }
         Ok(LoadedPolicy {

@@ -9,9 +9,9 @@ use std::path::{Path, PathBuf};
 use dit_models::{
     Checkpoint, ExportDtype, ImportDropout, LoadOptions, QwenImageTransformer2DModel, read_adapter,
 };
-use shapes_common::{B, Brightness, start_in, tiny_generator};
+use shapes_common::{B, Brightness, param_bits, start_in, tiny_config, tiny_generator};
 use trainer_fsdp::export::{ExportForm, ExportRequest, export};
-use trainer_fsdp::{StopFlag, TrainerError};
+use trainer_fsdp::{PreflightWarning, StopFlag, Trainable, TrainerError};
 
 /// Every file under `root` with its bytes.
 fn snapshot(root: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
@@ -275,5 +275,88 @@ fn an_iteration_is_picked_refused_when_uncommitted_and_outputs_are_not_clobbered
             .unwrap_err()
             .to_string()
             .contains("peft, diffusers-lora, merged")
+    );
+}
+
+#[test]
+fn an_exported_adapter_starts_a_new_run_where_the_old_one_ended() {
+    let root = tempfile::tempdir().unwrap();
+    tiny_generator(&root.path().join("generator"));
+    let mut first = start_in(
+        root.path(),
+        &root.path().join("run"),
+        2,
+        &["eval.interval=0"],
+        Box::new(Brightness),
+    );
+    first.run(&StopFlag::new()).unwrap();
+    let trained = param_bits(first.model());
+    drop(first);
+    let out = root.path().join("out");
+    for (form, dir) in [
+        (ExportForm::Peft, "peft"),
+        (ExportForm::DiffusersLora, "lora"),
+    ] {
+        exp(
+            &root.path().join("run"),
+            None,
+            &out.join(dir),
+            &ExportRequest::new(form),
+            false,
+        )
+        .unwrap();
+        let init = format!("lora.init_from={}", out.join(dir).display());
+        let second = root.path().join(format!("second_{dir}"));
+        let own = [
+            format!("checkpoint.dir={}", second.join("ckpt").display()),
+            format!("artifacts.root={}", second.join("artifacts").display()),
+        ];
+        let extra = ["eval.interval=0", &init, &own[0], &own[1]];
+        let run = start_in(root.path(), &second, 2, &extra, Box::new(Brightness));
+        assert_eq!(
+            param_bits(run.model()),
+            trained,
+            "{dir}: the run starts from the adapter"
+        );
+    }
+
+    // a section that disagrees with the adapter: every difference named
+    let init = format!("lora.init_from={}", out.join("peft").display());
+    let cfg = tiny_config(root.path(), 1, &[&init, "lora.rank=4", "lora.alpha=3.0"]);
+    let msg = cfg.preflight().unwrap_err().to_string();
+    assert!(msg.contains("lora.rank = 4 but the adapter has 2"), "{msg}");
+    assert!(
+        msg.contains("lora.alpha = 3 but the adapter has 4"),
+        "{msg}"
+    );
+
+    // an adapter saved with dropout: refused with the way out, or zeroed with a warning
+    let cfg_path = out.join("peft/adapter_config.json");
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
+    v["lora_dropout"] = 0.1.into();
+    std::fs::write(&cfg_path, v.to_string()).unwrap();
+    let msg = tiny_config(root.path(), 1, &[&init])
+        .preflight()
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("lora.init_dropout = \"zero\""), "{msg}");
+    let pre = tiny_config(root.path(), 1, &[&init, "lora.init_dropout=\"zero\""])
+        .preflight()
+        .unwrap();
+    assert!(pre.warnings.iter().any(
+        |w| matches!(w, PreflightWarning::LoraInitDropoutZeroed { given, .. } if *given == 0.1)
+    ));
+    let Trainable::LoraFrom(from) = &pre.trainable else {
+        panic!("{:?}", pre.trainable)
+    };
+    assert_eq!(from.config.dropout, 0.0);
+    let msg = tiny_config(root.path(), 1, &["lora.init_from=/nonexistent"])
+        .preflight()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("lora.init_from = /nonexistent") && msg.contains("no adapter here"),
+        "{msg}"
     );
 }

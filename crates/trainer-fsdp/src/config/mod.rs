@@ -9,7 +9,8 @@
 //!
 //! [run]        task, seed, num_rollouts, host_threads (optional; changes no result)
 //! [model]      trainable_mode ("full" | "lora"), master_dtype ("fp32" | "bf16", optional)
-//! [lora]       rank, alpha, dropout, target_modules (optional), use_rslora   (optional section)
+//! [lora]       rank, alpha, dropout, target_modules (optional), use_rslora, init_from and
+//!              init_dropout (optional: start from an adapter file)   (optional section)
 //! [sampling]   scheduler, height, width, num_inference_steps, guidance_scale, eta, sde_type,
 //!              solver, storage_dtype, sde_resample_per_rollout, sde_pool, sde_indices,
 //!              num_sde_steps, sde_timestep_fraction (pool, indices and fraction optional)
@@ -84,8 +85,8 @@ mod tests;
 
 pub use overrides::{Override, OverrideProblem};
 pub use preflight::{
-    AdamWSettings, AlgorithmPlan, BatchGeometry, Preflight, PreflightProblem, PreflightWarning,
-    Trainable,
+    AdamWSettings, AlgorithmPlan, BatchGeometry, LoraInit, Preflight, PreflightProblem,
+    PreflightWarning, Trainable,
 };
 
 /// The generation tasks that have a working rollout and replay path (seed 002's
@@ -348,6 +349,42 @@ pub struct LoraSection {
     pub target_modules: Option<Vec<String>>,
     /// rsLoRA scaling `alpha / sqrt(rank)`.
     pub use_rslora: bool,
+    /// An adapter to start from instead of a fresh one: a PEFT adapter directory, a diffusers
+    /// LoRA `.safetensors` file or a directory holding `pytorch_lora_weights.safetensors`. Its
+    /// rank, alpha and rsLoRA must equal this section's (and its targets `target_modules`,
+    /// when set): preflight lists every difference.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub init_from: Option<PathBuf>,
+    /// What to do when the `init_from` adapter was saved with `lora_dropout != 0` (common for
+    /// supervised LoRAs): `"refuse"` (the default; preflight says how to accept it) or
+    /// `"zero"` (start from it with dropout 0, with a warning).
+    #[serde(default, skip_serializing_if = "InitDropout::is_refuse")]
+    pub init_dropout: InitDropout,
+}
+
+/// `lora.init_dropout`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InitDropout {
+    /// Refuse a starting adapter with a nonzero dropout.
+    #[default]
+    Refuse,
+    /// Start from it with dropout 0.
+    Zero,
+}
+
+impl InitDropout {
+    fn is_refuse(&self) -> bool {
+        *self == InitDropout::Refuse
+    }
+
+    /// dit-models' import policy.
+    pub fn policy(self) -> dit_models::ImportDropout {
+        match self {
+            InitDropout::Refuse => dit_models::ImportDropout::Refuse,
+            InitDropout::Zero => dit_models::ImportDropout::Zero,
+        }
+    }
 }
 
 /// `[sampling]`: seed 002's `--sampling-config` keys.

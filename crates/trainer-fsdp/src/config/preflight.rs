@@ -341,7 +341,10 @@ impl TrainConfig {
                     cfg = cfg.with_target_modules(t.clone());
                 }
                 match cfg.validate() {
-                    Ok(()) => Some(Trainable::Lora(cfg)),
+                    Ok(()) => match &l.init_from {
+                        None => Some(Trainable::Lora(cfg)),
+                        Some(path) => check_lora_init(l, cfg, path, p, warnings),
+                    },
                     Err(dit_models::DitError::LoraDropout { given }) => {
                         p.push(PreflightProblem::LoraDropout { given });
                         None
@@ -567,8 +570,109 @@ fn check_clip_range(g: &FlowGrpoSection, p: &mut Vec<PreflightProblem>) -> Optio
 pub enum Trainable {
     /// Every parameter.
     Full,
-    /// A LoRA adapter with this configuration; the base is frozen.
+    /// A fresh LoRA adapter with this configuration; the base is frozen.
     Lora(LoraConfig),
+    /// A LoRA adapter started from a file (`lora.init_from`); the base is frozen.
+    LoraFrom(LoraInit),
+}
+
+impl Trainable {
+    /// The adapter's configuration (`None` for full fine-tuning).
+    pub fn lora_config(&self) -> Option<&LoraConfig> {
+        match self {
+            Trainable::Full => None,
+            Trainable::Lora(c) | Trainable::LoraFrom(LoraInit { config: c, .. }) => Some(c),
+        }
+    }
+}
+
+/// A LoRA adapter started from a file (`lora.init_from`), its configuration checked against the
+/// `[lora]` section.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoraInit {
+    /// The configuration it attaches with (the file's, equal to the section's).
+    pub config: LoraConfig,
+    /// The adapter file or directory.
+    pub path: PathBuf,
+    /// What its dropout does (`lora.init_dropout`).
+    pub dropout: dit_models::ImportDropout,
+}
+
+/// `lora.init_from`: the adapter read (header and config only) and compared with the section.
+fn check_lora_init(
+    l: &LoraSection,
+    section: LoraConfig,
+    path: &Path,
+    p: &mut Vec<PreflightProblem>,
+    warnings: &mut Vec<PreflightWarning>,
+) -> Option<Trainable> {
+    let import = match dit_models::read_adapter(path, l.init_dropout.policy()) {
+        Ok(i) => i,
+        Err(dit_models::DitError::LoraDropout { given }) => {
+            p.push(PreflightProblem::LoraInitDropout {
+                path: path.to_path_buf(),
+                given,
+            });
+            return None;
+        }
+        Err(e) => {
+            p.push(PreflightProblem::LoraInit {
+                path: path.to_path_buf(),
+                problem: e.to_string(),
+            });
+            return None;
+        }
+    };
+    let file = &import.config;
+    let mut differences = Vec::new();
+    let mut differ = |key: &'static str, section: String, file: String| {
+        if section != file {
+            differences.push((key, section, file));
+        }
+    };
+    differ("lora.rank", section.rank.to_string(), file.rank.to_string());
+    differ(
+        "lora.alpha",
+        section.alpha.to_string(),
+        file.alpha.to_string(),
+    );
+    differ(
+        "lora.use_rslora",
+        section.use_rslora.to_string(),
+        file.use_rslora.to_string(),
+    );
+    if l.target_modules.is_some() {
+        let sorted = |v: &[String]| {
+            let mut v = v.to_vec();
+            v.sort();
+            v.dedup();
+            format!("{v:?}")
+        };
+        differ(
+            "lora.target_modules",
+            sorted(&section.target_modules),
+            sorted(&file.target_modules),
+        );
+    }
+    if !differences.is_empty() {
+        p.push(PreflightProblem::LoraInitMismatch {
+            path: path.to_path_buf(),
+            describe: import.describe(),
+            differences,
+        });
+        return None;
+    }
+    if let Some(given) = import.dropout_zeroed {
+        warnings.push(PreflightWarning::LoraInitDropoutZeroed {
+            path: path.to_path_buf(),
+            given,
+        });
+    }
+    Some(Trainable::LoraFrom(LoraInit {
+        config: import.config,
+        path: path.to_path_buf(),
+        dropout: l.init_dropout.policy(),
+    }))
 }
 
 /// The rollout batch and its split into updates and micro-batches.
@@ -726,6 +830,29 @@ pub enum PreflightProblem {
         /// The dropout given.
         given: f64,
     },
+    /// `lora.init_from` cannot be read as an adapter.
+    LoraInit {
+        /// The path given.
+        path: PathBuf,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// The `lora.init_from` adapter was saved with dropout and `lora.init_dropout` refuses it.
+    LoraInitDropout {
+        /// The path given.
+        path: PathBuf,
+        /// Its dropout.
+        given: f64,
+    },
+    /// The `lora.init_from` adapter's configuration differs from the `[lora]` section.
+    LoraInitMismatch {
+        /// The path given.
+        path: PathBuf,
+        /// The import's own account (form, rank, alpha and where alpha came from).
+        describe: String,
+        /// `(key, section's value, file's value)` of every difference.
+        differences: Vec<(&'static str, String, String)>,
+    },
     /// Another invalid LoRA setting.
     Lora {
         /// dit-models' description of it.
@@ -869,6 +996,30 @@ impl fmt::Display for PreflightProblem {
                 "lora.dropout = {given}; allowed: 0 (the pi_old anchor is a replay through the live model, so a stochastic \
                  forward breaks ratio == 1 of the first update and at eps_clip 1e-4 clips essentially everything)"
             ),
+            PreflightProblem::LoraInit { path, problem } => {
+                write!(f, "lora.init_from = {}: {problem}", path.display())
+            }
+            PreflightProblem::LoraInitDropout { path, given } => write!(
+                f,
+                "lora.init_from = {}: the adapter was saved with lora_dropout {given}; RL replays need \
+                 dropout 0 — set lora.init_dropout = \"zero\" to start from it with dropout 0",
+                path.display()
+            ),
+            PreflightProblem::LoraInitMismatch {
+                path,
+                describe,
+                differences,
+            } => write!(
+                f,
+                "lora.init_from = {}: the adapter differs from the [lora] section: {} ({describe}); \
+                 set the section to the adapter's values",
+                path.display(),
+                differences
+                    .iter()
+                    .map(|(k, a, b)| format!("{k} = {a} but the adapter has {b}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
             PreflightProblem::Lora { problem } => write!(
                 f,
                 "lora.{} = {}; allowed: {}",
@@ -989,6 +1140,13 @@ pub enum PreflightWarning {
     TrainedSteps(PlanWarning),
     /// `eval.interval = 0`.
     EvaluationOff,
+    /// The `lora.init_from` adapter's dropout was set to 0 (`lora.init_dropout = "zero"`).
+    LoraInitDropoutZeroed {
+        /// The adapter.
+        path: PathBuf,
+        /// The dropout it was saved with.
+        given: f64,
+    },
 }
 
 impl fmt::Display for PreflightWarning {
@@ -1019,6 +1177,11 @@ impl fmt::Display for PreflightWarning {
             PreflightWarning::EvaluationOff => {
                 write!(f, "eval.interval = 0: no held-out evaluation will run")
             }
+            PreflightWarning::LoraInitDropoutZeroed { path, given } => write!(
+                f,
+                "lora.init_from = {}: its lora_dropout {given} is set to 0 for RL (lora.init_dropout = \"zero\")",
+                path.display()
+            ),
         }
     }
 }

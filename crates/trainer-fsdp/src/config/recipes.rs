@@ -50,6 +50,8 @@ impl TrainConfig {
                 dropout: 0.0,
                 target_modules: None,
                 use_rslora: false,
+                init_from: None,
+                init_dropout: InitDropout::Refuse,
             }),
             sampling: SamplingSection {
                 scheduler: SchedulerSource::QwenImage,
