@@ -15,6 +15,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("durable", 1),
     ("trajectory", 1),
     ("flow-grpo", 1),
+    ("prompt-data", 1),
     ("model-weights", 2),
     ("dit-models", 2),
     ("reward", 2),

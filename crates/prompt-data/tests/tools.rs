@@ -1,0 +1,364 @@
+//! The data tools on small inputs: conversion with bad rows reported by line, dedup, filters,
+//! a split that a rerun reproduces byte for byte, nested eval subsets, leakage detection.
+
+use std::path::{Path, PathBuf};
+
+use prompt_data::{
+    CurateOptions, DataError, PromptRecord, SourceFormat, Split, convert, curate, inspect,
+    read_jsonl, split_key, write_jsonl,
+};
+
+fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+fn prompts(path: &Path) -> Vec<String> {
+    read_jsonl(path)
+        .unwrap()
+        .into_iter()
+        .map(|(_, r)| r.prompt)
+        .collect()
+}
+
+#[test]
+fn convert_text_and_jsonl_into_the_schema() {
+    let dir = tempfile::tempdir().unwrap();
+    let txt = write(
+        dir.path(),
+        "p.txt",
+        "a red panda in a teacup\n\n  two blue squares  \n",
+    );
+    let out = dir.path().join("t.jsonl");
+    let r = convert(&txt, &SourceFormat::Text, "t2i", "demo_", &out).unwrap();
+    assert_eq!((r.written, r.blank), (2, 1));
+    let text = std::fs::read_to_string(&out).unwrap();
+    assert_eq!(
+        text.lines().next().unwrap(),
+        r#"{"prompt":"a red panda in a teacup","metadata":{"task":"t2i","sample_id":"demo_0000001"}}"#
+    );
+    let recs = read_jsonl(&out).unwrap();
+    assert_eq!(recs[1].1.prompt, "two blue squares");
+    assert_eq!(
+        recs[1].1.metadata.sample_id, "demo_0000003",
+        "ids are input line numbers"
+    );
+
+    // JSONL: the first of prompt / caption / text, or the field named
+    let jl = write(
+        dir.path(),
+        "p.jsonl",
+        "{\"caption\": \"a cat\"}\n{\"prompt\": \"a dog\", \"caption\": \"x\"}\n",
+    );
+    let fmt = SourceFormat::from_path(&jl, None).unwrap();
+    convert(&jl, &fmt, "t2i", "", &out).unwrap();
+    assert_eq!(prompts(&out), ["a cat", "a dog"]);
+    let fmt = SourceFormat::Jsonl {
+        field: Some("caption".into()),
+    };
+    convert(&jl, &fmt, "t2i", "", &out).unwrap();
+    assert_eq!(prompts(&out), ["a cat", "x"]);
+}
+
+#[test]
+fn bad_rows_are_reported_by_line_and_nothing_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let jl = write(
+        dir.path(),
+        "bad.jsonl",
+        "{\"prompt\": \"ok\"}\nnot json\n{\"prompt\": 3}\n{\"other\": \"x\"}\n{\"prompt\": \"  \"}\n",
+    );
+    let out = dir.path().join("out.jsonl");
+    let err = convert(&jl, &SourceFormat::Jsonl { field: None }, "t2i", "", &out).unwrap_err();
+    let DataError::BadLines { problems } = &err else {
+        panic!("{err}")
+    };
+    let lines: Vec<usize> = problems.iter().map(|p| p.line).collect();
+    assert_eq!(lines, [2, 3, 4, 5]);
+    assert!(
+        problems[0].to_string().contains("bad.jsonl:2: not JSON"),
+        "{}",
+        problems[0]
+    );
+    assert!(problems[1].problem.contains("not a string"));
+    assert!(
+        problems[2]
+            .problem
+            .contains("no prompt / caption / text field")
+    );
+    assert!(!out.exists(), "a failed conversion writes nothing");
+
+    let err = convert(&jl, &SourceFormat::Text, "txt2img", "", &out).unwrap_err();
+    assert!(err.to_string().contains("task = txt2img"), "{err}");
+    let err = SourceFormat::from_path(Path::new("x.parquet"), None).unwrap_err();
+    assert!(
+        err.to_string().contains("parquet input is not supported"),
+        "{err}"
+    );
+
+    // the unified reader names missing keys
+    let u = write(
+        dir.path(),
+        "u.jsonl",
+        "{\"prompt\": \"a\", \"metadata\": {\"task\": \"t2i\"}}\n",
+    );
+    let err = read_jsonl(&u).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("u.jsonl:1: missing required key(s) metadata.sample_id"),
+        "{err}"
+    );
+}
+
+/// 40 records: 30 distinct prompts of 6+ words, 4 duplicates of them, 6 short ones.
+fn raw(dir: &Path) -> PathBuf {
+    let mut records = Vec::new();
+    for i in 0..30 {
+        records.push(PromptRecord::new(
+            format!("a photo of object number {i} on a table"),
+            "t2i",
+            format!("s{i:03}"),
+        ));
+    }
+    for i in 0..4 {
+        records.push(PromptRecord::new(
+            format!("a photo of object number {i} on a table"),
+            "t2i",
+            format!("dup{i}"),
+        ));
+    }
+    for i in 0..6 {
+        records.push(PromptRecord::new(
+            format!("short {i}"),
+            "t2i",
+            format!("short{i}"),
+        ));
+    }
+    let p = dir.join("raw.jsonl");
+    write_jsonl(&p, &records).unwrap();
+    p
+}
+
+fn options(split: Split) -> CurateOptions {
+    CurateOptions {
+        min_prompt_words: 6,
+        check_media: true,
+        split,
+        prefix: "demo_".into(),
+    }
+}
+
+#[test]
+fn curate_dedups_filters_and_splits_reproducibly() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = raw(dir.path());
+    let split = Split::EvalSize {
+        size: 8,
+        subsets: vec![2, 4],
+    };
+    let r = curate(&input, &dir.path().join("a"), &options(split.clone())).unwrap();
+    assert_eq!(
+        (
+            r.read,
+            r.duplicates,
+            r.too_short,
+            r.missing_media,
+            r.train,
+            r.eval
+        ),
+        (40, 4, 6, 0, 22, 8)
+    );
+    let names: Vec<String> = r
+        .files
+        .iter()
+        .map(|f| f.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "demo_train.jsonl",
+            "demo_eval.jsonl",
+            "demo_eval2.jsonl",
+            "demo_eval4.jsonl"
+        ]
+    );
+    // the eval set is the 8 smallest split keys; subsets nest
+    let ids = |f: &str| -> Vec<String> {
+        read_jsonl(&dir.path().join("a").join(f))
+            .unwrap()
+            .into_iter()
+            .map(|(_, r)| r.metadata.sample_id)
+            .collect()
+    };
+    let mut keys: Vec<(u64, String)> = (0..30)
+        .map(|i| format!("s{i:03}"))
+        .map(|s| (split_key(&s), s))
+        .collect();
+    keys.sort();
+    let mut want: Vec<String> = keys[..8].iter().map(|k| k.1.clone()).collect();
+    want.sort();
+    assert_eq!(ids("demo_eval.jsonl"), want);
+    for small in ["demo_eval2.jsonl", "demo_eval4.jsonl"] {
+        assert!(ids(small).iter().all(|id| want.contains(id)));
+    }
+    assert!(
+        ids("demo_eval2.jsonl")
+            .iter()
+            .all(|id| ids("demo_eval4.jsonl").contains(id))
+    );
+    assert!(ids("demo_train.jsonl").iter().all(|id| !want.contains(id)));
+
+    // a rerun gives the identical bytes
+    curate(&input, &dir.path().join("b"), &options(split)).unwrap();
+    for f in &names {
+        assert_eq!(
+            std::fs::read(dir.path().join("a").join(f)).unwrap(),
+            std::fs::read(dir.path().join("b").join(f)).unwrap(),
+            "{f}"
+        );
+    }
+    // the curated files pass inspection
+    let evals: Vec<PathBuf> = names[1..]
+        .iter()
+        .map(|f| dir.path().join("a").join(f))
+        .collect();
+    let report = inspect(&dir.path().join("a/demo_train.jsonl"), &evals).unwrap();
+    assert!(report.is_clean(), "{:?}", report.problems);
+    assert_eq!(report.records[0].1, 22);
+
+    // a fraction split: a record's side depends on its id alone
+    let frac = curate(
+        &input,
+        &dir.path().join("c"),
+        &options(Split::EvalFraction(0.25)),
+    )
+    .unwrap();
+    assert_eq!(frac.train + frac.eval, 30);
+    assert!(frac.eval > 0 && frac.eval < 30);
+}
+
+#[test]
+fn curate_refuses_what_it_cannot_split_and_drops_missing_media() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = raw(dir.path());
+    let too_big = Split::EvalSize {
+        size: 31,
+        subsets: vec![],
+    };
+    let err = curate(&input, &dir.path().join("x"), &options(too_big)).unwrap_err();
+    assert!(
+        err.to_string().contains("at most the 30 records left"),
+        "{err}"
+    );
+    let bad_subset = Split::EvalSize {
+        size: 4,
+        subsets: vec![8],
+    };
+    assert!(curate(&input, &dir.path().join("x"), &options(bad_subset)).is_err());
+
+    let mut a = PromptRecord::new(
+        "<image> make it a watercolour painting please now",
+        "i2i",
+        "m1",
+    );
+    a.media = vec!["exists.png".into()];
+    let mut b = PromptRecord::new(
+        "<image> make it an oil painting please right now",
+        "i2i",
+        "m2",
+    );
+    b.media = vec!["missing.png".into()];
+    std::fs::write(dir.path().join("exists.png"), b"png").unwrap();
+    let p = dir.path().join("media.jsonl");
+    write_jsonl(&p, &[a, b]).unwrap();
+    let split = Split::EvalSize {
+        size: 0,
+        subsets: vec![],
+    };
+    let r = curate(&p, &dir.path().join("m"), &options(split.clone())).unwrap();
+    assert_eq!((r.missing_media, r.train), (1, 1));
+    let keep = CurateOptions {
+        check_media: false,
+        ..options(split)
+    };
+    assert_eq!(curate(&p, &dir.path().join("m2"), &keep).unwrap().train, 2);
+
+    let rep = write(
+        dir.path(),
+        "rep.jsonl",
+        &format!(
+            "{}\n{}\n",
+            serde_json::to_string(&PromptRecord::new(
+                "one two three four five six",
+                "t2i",
+                "x"
+            ))
+            .unwrap(),
+            serde_json::to_string(&PromptRecord::new(
+                "seven eight nine ten eleven twelve",
+                "t2i",
+                "x"
+            ))
+            .unwrap()
+        ),
+    );
+    let err = curate(
+        &rep,
+        &dir.path().join("r"),
+        &options(Split::EvalFraction(0.1)),
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("rep.jsonl:2: sample_id \"x\" already used on line 1"),
+        "{err}"
+    );
+}
+
+#[test]
+fn inspect_finds_leakage_and_bad_records_by_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let train = write(
+        dir.path(),
+        "train.jsonl",
+        concat!(
+            r#"{"prompt": "a cat on a mat", "metadata": {"task": "t2i", "sample_id": "a"}}"#,
+            "\n",
+            r#"{"prompt": "a dog", "metadata": {"task": "t2i", "sample_id": "b"}}"#,
+            "\n",
+        ),
+    );
+    let eval = write(
+        dir.path(),
+        "eval.jsonl",
+        concat!(
+            r#"{"prompt": "something new", "metadata": {"task": "t2i", "sample_id": "a"}}"#,
+            "\n",
+            r#"{"prompt": "a dog", "metadata": {"task": "t2i", "sample_id": "z"}}"#,
+            "\n",
+            r#"{"prompt": "<image> restyle", "metadata": {"task": "i2i", "sample_id": "c"}}"#,
+            "\n",
+            r#"{"prompt": "x", "metadata": {"task": "text", "sample_id": "d"}}"#,
+            "\n",
+            r#"{"prompt": "y", "metadata": {"task": "t2i", "sample_id": "d"}}"#,
+            "\n",
+            r#"{"prompt": "no metadata"}"#,
+            "\n",
+        ),
+    );
+    let report = inspect(&train, &[eval]).unwrap();
+    let found: Vec<(usize, &str)> = report
+        .problems
+        .iter()
+        .map(|p| (p.line, p.problem.as_str()))
+        .collect();
+    let has = |line: usize, text: &str| found.iter().any(|(l, p)| *l == line && p.contains(text));
+    assert!(has(1, "leakage: sample_id \"a\""), "{found:?}");
+    assert!(has(2, "leakage: the same prompt and media"), "{found:?}");
+    assert!(has(3, "1 placeholder(s)"), "{found:?}");
+    assert!(has(4, "metadata.task \"text\""), "{found:?}");
+    assert!(has(5, "sample_id \"d\" already on line 4"), "{found:?}");
+    assert!(has(6, "missing required key(s) metadata"), "{found:?}");
+    assert_eq!(found.len(), 6, "{found:?}");
+}
