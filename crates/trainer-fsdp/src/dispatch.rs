@@ -75,7 +75,8 @@ pub fn with_world<B: AutodiffBackend, J: WorldJob<B>>(
 ) -> Result<J::Output, TrainerError> {
     match &cfg.model.generator {
         GeneratorSource::ShapesWorld { dir } => {
-            let world = ShapesWorld::<B::InnerBackend>::load(dir, &cfg.reward.scorers, device)?;
+            let world = ShapesWorld::<B::InnerBackend>::load(dir, &cfg.reward.scorers, device)?
+                .with_prompt_files(&cfg.data)?;
             job.run(world)
         }
         GeneratorSource::QwenImage { model_path, .. } => Err(TrainerError::GeneratorUnsupported {

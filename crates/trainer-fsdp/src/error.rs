@@ -216,6 +216,15 @@ pub enum TrainerError {
         available: usize,
     },
 
+    /// A `[data]` prompt file the world cannot use; every problem listed.
+    #[error("prompt file {path}: {}", problems.join("; "))]
+    PromptFile {
+        /// The file.
+        path: PathBuf,
+        /// Each problem (with its line where it has one).
+        problems: Vec<String>,
+    },
+
     /// `{ world = { components } }` in a world that has no reward of its own, or not one with
     /// these components.
     #[error(

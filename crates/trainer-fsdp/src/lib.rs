@@ -72,10 +72,10 @@ pub use checkpoint::{
 pub use clip::{CLIP_EPSILON, ClipReport, clip_grad_norm, global_grad_norm};
 pub use config::{
     AdamWSettings, AdvantageStdMode, AlgorithmPlan, AlgorithmSection, BatchGeometry,
-    CheckpointFailurePolicy, FlowGrpoSection, GENERATION_TASKS, LrSchedulerKind, MOVED_KEYS,
-    MasterDtype, Override, OverrideProblem, Preflight, PreflightProblem, PreflightWarning,
-    ProgressMode, RecipeName, SchedulerSource, ScorerSpec, SdeKind, SolverKind, StorageKind,
-    TrainConfig, Trainable, TrainableMode,
+    CheckpointFailurePolicy, DataSection, FlowGrpoSection, GENERATION_TASKS, LrSchedulerKind,
+    MOVED_KEYS, MasterDtype, Override, OverrideProblem, Preflight, PreflightProblem,
+    PreflightWarning, ProgressMode, RecipeName, SchedulerSource, ScorerSpec, SdeKind, SolverKind,
+    StorageKind, TrainConfig, Trainable, TrainableMode,
 };
 pub use error::{CheckpointProblem, DrawingProblem, TrainerError};
 pub use lr::{LrDecay, LrSchedule, LrScheduler};

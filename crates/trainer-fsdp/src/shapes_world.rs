@@ -43,7 +43,7 @@ use reward::{Batch, Components, RgbImage};
 use sde_math::StorageDtype;
 use trajectory::{Conditions, Digest, StoredTensor};
 
-use crate::config::{ScorerSpec, Trainable};
+use crate::config::{DataSection, ScorerSpec, Trainable};
 use crate::error::{TrainerError, io_err};
 use crate::rng::TrainerRng;
 use crate::scorers::ScorerSet;
@@ -474,6 +474,29 @@ pub fn eval_prompts() -> Vec<String> {
         .collect()
 }
 
+/// `n` distinct prompts of `pool` drawn from `rng` (a partial Fisher-Yates shuffle).
+///
+/// # Errors
+/// [`TrainerError::PromptPoolExhausted`] when `pool` has fewer than `n`.
+fn draw_distinct(
+    rng: &mut TrainerRng,
+    n: usize,
+    pool: &[String],
+) -> Result<Vec<String>, TrainerError> {
+    if n > pool.len() {
+        return Err(TrainerError::PromptPoolExhausted {
+            requested: n,
+            available: pool.len(),
+        });
+    }
+    let mut idx: Vec<usize> = (0..pool.len()).collect();
+    for i in 0..n {
+        let j = i + rng.below((pool.len() - i) as u64) as usize;
+        idx.swap(i, j);
+    }
+    Ok(idx[..n].iter().map(|&i| pool[i].clone()).collect())
+}
+
 /// The distinct training prompts of the shapes world: every scene of every category, the
 /// held-out ones ([`eval_prompts`]) excepted. A rollout draws at most this many.
 pub fn train_pool_size() -> usize {
@@ -547,7 +570,48 @@ pub struct ShapesWorld<Bi: Backend> {
     text: TextEncoder<Bi>,
     held_out: Vec<HeldOutPrompt>,
     held_out_prompts: Vec<String>,
+    /// `[data] train`'s prompts, replacing the grammar's pool.
+    train_pool: Option<Vec<String>>,
     scorer: SharedScorer,
+}
+
+/// The prompts of a `[data]` prompt file (the unified JSONL schema) for the shapes world, with
+/// their categories: every record must be a `t2i` scene of the world's grammar.
+///
+/// # Errors
+/// [`TrainerError::PromptFile`] listing every line that is not (or the file's read error).
+pub fn read_prompt_file(path: &Path) -> Result<Vec<(String, Category)>, TrainerError> {
+    let bad = |problems: Vec<String>| TrainerError::PromptFile {
+        path: path.to_path_buf(),
+        problems,
+    };
+    let records = prompt_data::read_jsonl(path).map_err(|e| bad(vec![e.to_string()]))?;
+    let mut out = Vec::with_capacity(records.len());
+    let mut problems = Vec::new();
+    for (line, r) in records {
+        if r.metadata.task != "t2i" {
+            problems.push(format!(
+                "line {line}: task {:?}; the shapes world is text-to-image (t2i)",
+                r.metadata.task
+            ));
+            continue;
+        }
+        match SceneSpec::parse(&r.prompt) {
+            Ok(scene) => out.push((r.prompt, scene.category())),
+            Err(e) => problems.push(format!(
+                "line {line}: {:?} is not a scene of the shapes world's grammar ({e})",
+                r.prompt
+            )),
+        }
+    }
+    if out.is_empty() && problems.is_empty() {
+        problems.push("no records".into());
+    }
+    if problems.is_empty() {
+        Ok(out)
+    } else {
+        Err(bad(problems))
+    }
 }
 
 impl<Bi: Backend> std::fmt::Debug for ShapesWorld<Bi> {
@@ -612,8 +676,48 @@ impl<Bi: Backend> ShapesWorld<Bi> {
             text,
             held_out,
             held_out_prompts,
+            train_pool: None,
             scorer: Box::new(ShapesScorer),
         })
+    }
+
+    /// Uses the `[data]` prompt files: `train` as the pool rollouts draw from, `eval` as the
+    /// held-out set (each replaces the grammar's own; either may be absent). Refused: lines
+    /// that are not scenes of the grammar, and train prompts that are also held out.
+    ///
+    /// # Errors
+    /// [`TrainerError::PromptFile`].
+    pub fn with_prompt_files(mut self, data: &DataSection) -> Result<Self, TrainerError> {
+        if let Some(path) = &data.eval {
+            let prompts = read_prompt_file(path)?;
+            self.held_out = prompts
+                .iter()
+                .map(|(p, c)| HeldOutPrompt {
+                    prompt: p.clone(),
+                    category: c.tag().to_string(),
+                })
+                .collect();
+            self.held_out_prompts = prompts.into_iter().map(|(p, _)| p).collect();
+        }
+        if let Some(path) = &data.train {
+            let mut pool: Vec<String> = Vec::new();
+            let mut problems = Vec::new();
+            for (p, _) in read_prompt_file(path)? {
+                if self.held_out_prompts.contains(&p) {
+                    problems.push(format!("{p:?} is also a held-out prompt (leakage)"));
+                } else if !pool.contains(&p) {
+                    pool.push(p);
+                }
+            }
+            if !problems.is_empty() {
+                return Err(TrainerError::PromptFile {
+                    path: path.clone(),
+                    problems,
+                });
+            }
+            self.train_pool = Some(pool);
+        }
+        Ok(self)
     }
 
     /// Replaces the scorer (tests inject scorers that fail or still vary on a random
@@ -638,7 +742,10 @@ impl<B: AutodiffBackend> World<B> for ShapesWorld<B::InnerBackend> {
     }
 
     fn train_prompts(&self, rng: &mut TrainerRng, n: usize) -> Result<Vec<String>, TrainerError> {
-        train_prompts(rng, n, &self.held_out_prompts)
+        match &self.train_pool {
+            None => train_prompts(rng, n, &self.held_out_prompts),
+            Some(pool) => draw_distinct(rng, n, pool),
+        }
     }
 
     fn held_out(&self) -> &[HeldOutPrompt] {

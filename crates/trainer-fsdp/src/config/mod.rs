@@ -24,6 +24,8 @@
 //! [artifacts]  root, retention_rollouts
 //! [eval]       interval (0: never), samples_per_prompt
 //! [monitor]    jsonl, tensorboard, progress      (all optional; they change no result)
+//! [data]       train, eval: prompt files in the unified JSONL schema instead of the world's
+//!              own prompts                        (optional section, both keys optional)
 //! ```
 //!
 //! Every key that changes results is required: it comes from the recipe or from the file,
@@ -802,6 +804,29 @@ pub struct TrainConfig {
     /// `[monitor]`.
     #[serde(default)]
     pub monitor: MonitorSection,
+    /// `[data]`: prompt files instead of the world's own prompts (absent: the world's).
+    #[serde(default, skip_serializing_if = "DataSection::is_empty")]
+    pub data: DataSection,
+}
+
+/// `[data]`: prompt files in the unified JSONL schema (`prompt-data`; the `prompts` example's
+/// `curate` writes them), used instead of the world's own prompts.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DataSection {
+    /// The training prompts a rollout draws from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub train: Option<PathBuf>,
+    /// The held-out prompts of every evaluation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval: Option<PathBuf>,
+}
+
+impl DataSection {
+    /// Neither file set.
+    pub fn is_empty(&self) -> bool {
+        self.train.is_none() && self.eval.is_none()
+    }
 }
 
 impl TrainConfig {
@@ -1034,6 +1059,7 @@ const SECTIONS: &[&str] = &[
     "artifacts",
     "eval",
     "monitor",
+    "data",
 ];
 
 /// Every problem of a config tree, section by section: unknown top-level keys, missing
@@ -1092,6 +1118,7 @@ fn section_problems(table: &toml::Table) -> Vec<(Option<&'static str>, String)> 
         "monitor",
         check_section::<MonitorSection>(table, "monitor", false),
     );
+    check("data", check_section::<DataSection>(table, "data", false));
     out
 }
 

@@ -231,13 +231,36 @@ impl TrainConfig {
             if let Some(available) = mem_available() {
                 p.extend(shapes_memory_problems(self, available));
             }
-            let pool = crate::shapes_world::train_pool_size();
-            if self.rollout.prompts_per_rollout > pool {
+            let mut files_ok = true;
+            for (key, path) in [
+                ("data.train", &self.data.train),
+                ("data.eval", &self.data.eval),
+            ] {
+                if let Some(path) = path
+                    && let Err(e) = crate::shapes_world::read_prompt_file(path)
+                {
+                    files_ok = false;
+                    p.push(PreflightProblem::Data {
+                        key,
+                        problem: e.to_string(),
+                    });
+                }
+            }
+            let pool = match &self.data.train {
+                None => Some(crate::shapes_world::train_pool_size()),
+                Some(path) if files_ok => crate::shapes_world::read_prompt_file(path)
+                    .ok()
+                    .map(|v| v.len()),
+                Some(_) => None,
+            };
+            if let Some(pool) = pool
+                && self.rollout.prompts_per_rollout > pool
+            {
                 p.push(PreflightProblem::OutOfRange {
                     key: "rollout.prompts_per_rollout",
                     given: self.rollout.prompts_per_rollout.to_string(),
-                    allowed: "at most the shapes world's distinct training prompts \
-                              (shapes_world::train_pool_size)",
+                    allowed: "at most the distinct training prompts (the shapes world's \
+                              shapes_world::train_pool_size, or the records of data.train)",
                 });
             }
         }
@@ -778,8 +801,11 @@ pub fn shapes_memory_estimate(cfg: &TrainConfig) -> (u64, u64) {
     let rollout_samples =
         (cfg.rollout.prompts_per_rollout as u64).saturating_mul(cfg.rollout.group_size as u64);
     let rollout = rollout_samples.saturating_mul(2 * steps * latent + picture);
-    let eval_samples =
-        (eval_prompts().len() as u64).saturating_mul(cfg.eval.samples_per_prompt as u64);
+    let held_out = match &cfg.data.eval {
+        Some(path) => crate::shapes_world::read_prompt_file(path).map_or(0, |v| v.len()),
+        None => eval_prompts().len(),
+    };
+    let eval_samples = (held_out as u64).saturating_mul(cfg.eval.samples_per_prompt as u64);
     let eval = eval_samples.saturating_mul(latent + picture);
     (rollout, eval)
 }
@@ -852,6 +878,13 @@ pub enum PreflightProblem {
         describe: String,
         /// `(key, section's value, file's value)` of every difference.
         differences: Vec<(&'static str, String, String)>,
+    },
+    /// A `[data]` prompt file the world cannot use.
+    Data {
+        /// `data.train` or `data.eval`.
+        key: &'static str,
+        /// What is wrong with it.
+        problem: String,
     },
     /// Another invalid LoRA setting.
     Lora {
@@ -996,6 +1029,7 @@ impl fmt::Display for PreflightProblem {
                 "lora.dropout = {given}; allowed: 0 (the pi_old anchor is a replay through the live model, so a stochastic \
                  forward breaks ratio == 1 of the first update and at eps_clip 1e-4 clips essentially everything)"
             ),
+            PreflightProblem::Data { key, problem } => write!(f, "{key}: {problem}"),
             PreflightProblem::LoraInit { path, problem } => {
                 write!(f, "lora.init_from = {}: {problem}", path.display())
             }

@@ -120,6 +120,7 @@ impl TrainConfig {
                 samples_per_prompt: 2,
             },
             monitor: MonitorSection::default(),
+            data: DataSection::default(),
         }
     }
 

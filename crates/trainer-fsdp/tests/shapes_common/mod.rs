@@ -34,6 +34,8 @@ pub fn start_in(
     let dev = Default::default();
     let world = ShapesWorld::<Flex>::load(&root.join("generator"), &cfg.reward.scorers, &dev)
         .unwrap()
+        .with_prompt_files(&cfg.data)
+        .unwrap()
         .with_scorer(scorer);
     let AlgorithmPlan::FlowGrpo { clip_range } = pre.algorithm.clone();
     let algorithm = FlowGrpo::new(clip_range);
