@@ -80,9 +80,9 @@ pub use config::{
 pub use error::{CheckpointProblem, DrawingProblem, TrainerError};
 pub use lr::{LrDecay, LrSchedule, LrScheduler};
 pub use monitor::{
-    Event, EventWriter, JsonlWriter, Metrics, MetricsCursor, MetricsRecord, Monitor, Progress, Rgb,
-    Series, caption_height, crc32c, masked_crc32c, names, plot_curves, read_events, read_jsonl,
-    sample_grid, series, write_png, write_reward_curve,
+    Axes, Event, EventWriter, JsonlWriter, Metrics, MetricsCursor, MetricsRecord, Monitor,
+    Progress, Rgb, Series, caption_height, crc32c, masked_crc32c, names, plot_curves, read_events,
+    read_jsonl, sample_grid, series, upscale, write_png, write_reward_curve,
 };
 pub use rng::TrainerRng;
 pub use run::{EvalReport, EvalSummary, RolloutBatch, Run, RunSummary, TrainContext, TrainReport};

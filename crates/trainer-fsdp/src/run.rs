@@ -57,7 +57,7 @@ use crate::checkpoint::{CheckpointStore, TrainerState};
 use crate::config::{CheckpointFailurePolicy, Preflight, TrainConfig};
 use crate::error::{DrawingProblem, TrainerError, io_err};
 use crate::monitor::{
-    Metrics, Monitor, Progress, names, sample_grid, write_png, write_reward_curve,
+    Metrics, Monitor, Progress, names, sample_grid, upscale, write_png, write_reward_curve,
 };
 use crate::rng::TrainerRng;
 use crate::rollout::{SamplerSpec, sample_in_chunks};
@@ -76,6 +76,10 @@ pub const EVAL_ROWS_PER_THREAD: usize = 32;
 
 /// The metric of the held-out evaluation's mean reward.
 pub const EVAL_REWARD: &str = "eval/reward";
+/// The narrowest a tile of an evaluation's sample grid is drawn (smaller pictures are
+/// enlarged by a whole factor, nearest neighbour), so that its caption fits.
+const GRID_TILE_MIN: u32 = 128;
+
 /// The metric of its standard error ([`EvalReport::stderr`]).
 pub const EVAL_REWARD_SE: &str = "eval/reward_se";
 
@@ -738,7 +742,20 @@ where
                     .expect("rgb")
                 })
                 .collect();
-            let grid = sample_grid(&tiles, None, 8)?;
+            // small pictures are enlarged (nearest neighbour) so that a caption fits under each
+            let scale = (GRID_TILE_MIN / tiles[0].width().max(1)).max(1);
+            let tiles: Vec<image::RgbImage> = tiles.iter().map(|t| upscale(t, scale)).collect();
+            let captions: Vec<String> = self
+                .world
+                .held_out()
+                .iter()
+                .map(|h| h.prompt.clone())
+                .collect();
+            let grid = sample_grid(
+                &tiles,
+                Some(&captions[..tiles.len().min(captions.len())]),
+                8,
+            )?;
             let dir = self.run_dir.join(run_dir::SAMPLES_DIR);
             std::fs::create_dir_all(&dir).map_err(io_err(&dir, "create the samples directory"))?;
             write_png(&dir.join(format!("eval_{tag}.png")), &grid)?;
@@ -819,7 +836,7 @@ where
         let reward_metric = self.reward_metric();
         let interval = self.cfg.eval.interval;
         if interval > 0 && self.next_rollout == 0 {
-            let e = self.evaluate("rollout_0000")?;
+            let e = self.evaluate("initial")?;
             print_eval("start", &e);
             summary.initial_eval = Some(e.summary());
             self.log(0, &e.metrics())?;
@@ -918,12 +935,15 @@ where
             let evaluate_now = interval > 0
                 && (self.next_rollout.is_multiple_of(interval) || self.next_rollout == total);
             if evaluate_now {
-                let e = self.evaluate(&format!("rollout_{:04}", self.next_rollout))?;
+                let e = self.evaluate(&format!("step_{id:04}"))?;
                 print_eval(&format!("after rollout {id}"), &e);
                 metrics.extend(e.metrics());
                 summary.final_eval = Some(e.summary());
             }
             self.log(id, &metrics)?;
+            if evaluate_now {
+                self.write_reward_curve(&reward_metric)?;
+            }
             progress.inc(1);
             println!(
                 "rollout {id:>3}: reward {reward_mean:.3}  loss {:.2e}  clip {:.2}  ratio [{:.4}, {:.4}]  {:.1}s rollout / {:.1}s train",
@@ -975,32 +995,42 @@ where
             }
         }
         progress.finish();
-        if self.workers.is_io_rank()
-            && let Some(jsonl) = self.monitor.jsonl_path()
-        {
-            let first = self
-                .cfg
-                .reward
-                .required_components
-                .first()
-                .cloned()
-                .unwrap_or_default();
-            match write_reward_curve(
-                &jsonl,
-                &[reward_metric.as_str(), EVAL_REWARD],
-                &self.run_dir.join(run_dir::REWARD_CURVE_FILE),
-                &format!("{first} reward"),
-            ) {
-                // nothing logged yet (a stop during the first rollout): no curve to draw
-                Err(TrainerError::Drawing {
-                    problem: DrawingProblem::Empty,
-                    ..
-                }) => {}
-                other => other?,
-            }
-        }
+        self.write_reward_curve(&reward_metric)?;
         summary.seconds = start.elapsed().as_secs_f64();
         Ok(summary)
+    }
+
+    /// Redraws `reward_curve.png` from the metrics log: the training reward `reward_metric`
+    /// per rollout and the held-out reward with its standard error (after every evaluation
+    /// and at the end of the run).
+    fn write_reward_curve(&self, reward_metric: &str) -> Result<(), TrainerError> {
+        let Some(jsonl) = self.monitor.jsonl_path() else {
+            return Ok(());
+        };
+        if !self.workers.is_io_rank() {
+            return Ok(());
+        }
+        let first = self
+            .cfg
+            .reward
+            .required_components
+            .first()
+            .cloned()
+            .unwrap_or_default();
+        match write_reward_curve(
+            &jsonl,
+            &[reward_metric, EVAL_REWARD],
+            &self.run_dir.join(run_dir::REWARD_CURVE_FILE),
+            &format!("{first} reward: training rollouts and the held-out evaluation"),
+            "reward",
+        ) {
+            // nothing logged yet (a stop during the first rollout): no curve to draw
+            Err(TrainerError::Drawing {
+                problem: DrawingProblem::Empty,
+                ..
+            }) => Ok(()),
+            other => other,
+        }
     }
 }
 

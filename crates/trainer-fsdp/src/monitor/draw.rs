@@ -35,6 +35,9 @@ pub struct Series {
     pub points: Vec<(f64, f64)>,
     /// The colour; `None` takes the next palette colour.
     pub color: Option<Rgb>,
+    /// A `±` bar per point (a standard error, say): empty, or one per point; a non-finite
+    /// one draws no bar.
+    pub errors: Vec<f64>,
 }
 
 impl Series {
@@ -44,6 +47,51 @@ impl Series {
             name: name.into(),
             points,
             color: None,
+            errors: Vec::new(),
+        }
+    }
+
+    /// The series with a `±` bar at each point.
+    pub fn with_errors(mut self, errors: Vec<f64>) -> Self {
+        self.errors = errors;
+        self
+    }
+
+    /// `(x, y, ±)` of every finite point (`±` 0 where there is no finite bar).
+    fn finite(&self) -> impl Iterator<Item = (f64, f64, f64)> + '_ {
+        self.points.iter().enumerate().filter_map(|(i, &(x, y))| {
+            let e = self
+                .errors
+                .get(i)
+                .copied()
+                .filter(|e| e.is_finite())
+                .unwrap_or(0.0);
+            (x.is_finite() && y.is_finite()).then_some((x, y, e.abs()))
+        })
+    }
+}
+
+/// A plot's title and axis titles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Axes<'a> {
+    /// Above the plot.
+    pub title: &'a str,
+    /// Under the x axis.
+    pub x_label: &'a str,
+    /// Beside the y axis (drawn upwards).
+    pub y_label: &'a str,
+    /// Ticks of the x axis at integers only (steps, rollouts).
+    pub integer_x: bool,
+}
+
+impl<'a> Axes<'a> {
+    /// A title with unnamed axes.
+    pub fn titled(title: &'a str) -> Self {
+        Self {
+            title,
+            x_label: "",
+            y_label: "",
+            integer_x: false,
         }
     }
 }
@@ -104,15 +152,50 @@ fn text(img: &mut RgbImage, x: i64, y: i64, s: &str, c: Rgb) {
     }
 }
 
-fn tick_label(v: f64, span: f64) -> String {
-    let decimals = if span >= 100.0 {
+/// Draws `text` upwards (rotated a quarter turn anticlockwise), its baseline on the left,
+/// starting at the bottom `(x, y)`.
+fn text_up(img: &mut RgbImage, x: i64, y: i64, s: &str, c: Rgb) {
+    for (i, ch) in s.chars().enumerate() {
+        let code = if ch.is_ascii() {
+            ch as usize
+        } else {
+            b'?' as usize
+        };
+        let glyph = font8x8::legacy::BASIC_LEGACY[code];
+        for (row, bits) in glyph.iter().enumerate() {
+            for col in 0..8 {
+                if bits & (1 << col) != 0 {
+                    put(img, x + row as i64, y - (i as i64) * GLYPH as i64 - col, c);
+                }
+            }
+        }
+    }
+}
+
+/// Tick positions over `[lo, hi]`: multiples of a step of 1, 2 or 5 times a power of ten,
+/// about `target` of them; with `integer`, steps of at least 1. Returns the ticks and the
+/// decimals their labels need.
+fn nice_ticks(lo: f64, hi: f64, target: usize, integer: bool) -> (Vec<f64>, usize) {
+    let span = (hi - lo).max(f64::MIN_POSITIVE);
+    let raw = span / target.max(1) as f64;
+    let mag = 10f64.powf(raw.log10().floor());
+    let mut step = [1.0, 2.0, 5.0, 10.0]
+        .iter()
+        .map(|m| m * mag)
+        .find(|s| *s >= raw)
+        .unwrap_or(10.0 * mag);
+    if integer {
+        step = step.max(1.0).round();
+    }
+    let decimals = if step >= 1.0 {
         0
-    } else if span >= 1.0 {
-        2
     } else {
-        (-(span.log10().floor()) as usize + 2).min(8)
+        (-step.log10().floor()) as usize
     };
-    format!("{v:.decimals$}")
+    let first = (lo / step).ceil() as i64;
+    let last = (hi / step).floor() as i64;
+    let ticks = (first..=last).map(|k| k as f64 * step).collect();
+    (ticks, decimals)
 }
 
 /// The mapping from data to pixels of a plot.
@@ -162,14 +245,12 @@ fn frame(series: &[Series], width: u32, height: u32) -> Result<Frame, TrainerErr
     let (mut xl, mut xh, mut yl, mut yh) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
     for s in series {
         let mut any = false;
-        for &(x, y) in &s.points {
-            if x.is_finite() && y.is_finite() {
-                any = true;
-                xl = xl.min(x);
-                xh = xh.max(x);
-                yl = yl.min(y);
-                yh = yh.max(y);
-            }
+        for (x, y, e) in s.finite() {
+            any = true;
+            xl = xl.min(x);
+            xh = xh.max(x);
+            yl = yl.min(y - e);
+            yh = yh.max(y + e);
         }
         if !any {
             return Err(bad(DrawingProblem::NoFinitePoint {
@@ -184,10 +265,10 @@ fn frame(series: &[Series], width: u32, height: u32) -> Result<Frame, TrainerErr
     };
     let (y0, y1) = padded(yl, yh, 0.05);
     let (left, top, right, bottom) = (
-        8.0 + 9.0 * GLYPH as f64,
+        8.0 + LINE as f64 + 7.0 * GLYPH as f64,
         2.0 * LINE as f64,
         12.0,
-        2.0 * LINE as f64,
+        3.0 * LINE as f64,
     );
     Ok(Frame {
         left,
@@ -201,19 +282,21 @@ fn frame(series: &[Series], width: u32, height: u32) -> Result<Frame, TrainerErr
     })
 }
 
-/// Draws the series as lines (with a dot at every point) on a white canvas of
-/// `width x height`, with a title, a light grid, tick labels at the ends and middle of each
-/// axis, and a legend. The y-range is the data's, padded by 5%.
+/// Draws the series as lines (with a dot at every point, and its `±` bar where it has one)
+/// on a white canvas of `width x height`: the title above, a light grid at round tick values
+/// (integers on the x axis with [`Axes::integer_x`]), the axis titles, and a legend. The
+/// y-range is the data's (bars included), padded by 5%.
 ///
 /// # Errors
 /// [`TrainerError::Drawing`]: no series, a series with no finite point, a canvas smaller than
 /// 160x100.
 ///
 /// ```
-/// use trainer_fsdp::{Series, plot_curves};
+/// use trainer_fsdp::{Axes, Series, plot_curves};
 /// let img = plot_curves(
-///     &[Series::new("reward/score_mean", vec![(0.0, 0.51), (1.0, 0.62), (2.0, 0.80)])],
-///     "held-out reward",
+///     &[Series::new("eval/reward", vec![(0.0, 0.51), (1.0, 0.62), (2.0, 0.80)])
+///         .with_errors(vec![0.01, 0.01, 0.02])],
+///     &Axes { title: "held-out reward", x_label: "rollout", y_label: "reward", integer_x: true },
 ///     480,
 ///     320,
 /// ).unwrap();
@@ -223,7 +306,7 @@ fn frame(series: &[Series], width: u32, height: u32) -> Result<Frame, TrainerErr
 /// ```
 pub fn plot_curves(
     series: &[Series],
-    title: &str,
+    axes: &Axes<'_>,
     width: u32,
     height: u32,
 ) -> Result<RgbImage, TrainerError> {
@@ -231,12 +314,11 @@ pub fn plot_curves(
     let mut img = RgbImage::from_pixel(width, height, image::Rgb(WHITE));
     let (l, t) = (f.left as i64, f.top as i64);
     let (r, b) = (l + f.w as i64 - 1, t + f.h as i64 - 1);
-    // grid and tick labels: ends and middle of each axis
-    for k in 0..=2 {
-        let fy = f.y0 + (f.y1 - f.y0) * k as f64 / 2.0;
+    let (yticks, ydec) = nice_ticks(f.y0, f.y1, 5, false);
+    for fy in yticks {
         let (_, py) = f.pixel(f.x0, fy);
         line(&mut img, (l, py), (r, py), GRID, 1);
-        let label = tick_label(fy, f.y1 - f.y0);
+        let label = format!("{fy:.ydec$}");
         text(
             &mut img,
             l - 4 - (label.len() as i64) * GLYPH as i64,
@@ -244,27 +326,43 @@ pub fn plot_curves(
             &label,
             BLACK,
         );
-        let fx = f.x0 + (f.x1 - f.x0) * k as f64 / 2.0;
+    }
+    let (xticks, xdec) = nice_ticks(f.x0, f.x1, 6, axes.integer_x);
+    for fx in xticks {
         let (px, _) = f.pixel(fx, f.y0);
         line(&mut img, (px, t), (px, b), GRID, 1);
-        let label = tick_label(fx, f.x1 - f.x0);
+        let label = format!("{fx:.xdec$}");
         let lx = (px - (label.len() as i64) * GLYPH as i64 / 2)
             .clamp(0, width as i64 - (label.len() as i64) * GLYPH as i64);
         text(&mut img, lx, b + 4, &label, BLACK);
     }
     line(&mut img, (l, t), (l, b), BLACK, 1);
     line(&mut img, (l, b), (r, b), BLACK, 1);
-    text(&mut img, l, 4, title, BLACK);
+    text(&mut img, l, 4, axes.title, BLACK);
+    let xw = axes.x_label.len() as i64 * GLYPH as i64;
+    text(
+        &mut img,
+        l + (r - l - xw) / 2,
+        b + 4 + LINE as i64 + 2,
+        axes.x_label,
+        BLACK,
+    );
+    let yw = axes.y_label.len() as i64 * GLYPH as i64;
+    text_up(&mut img, 2, t + (b - t + yw) / 2, axes.y_label, BLACK);
     for (i, s) in series.iter().enumerate() {
         let c = s.color.unwrap_or(PALETTE[i % PALETTE.len()]);
-        let pts: Vec<(i64, i64)> = s
-            .points
-            .iter()
-            .filter(|(x, y)| x.is_finite() && y.is_finite())
-            .map(|&(x, y)| f.pixel(x, y))
-            .collect();
+        let pts: Vec<(i64, i64)> = s.finite().map(|(x, y, _)| f.pixel(x, y)).collect();
         for w in pts.windows(2) {
             line(&mut img, w[0], w[1], c, 2);
+        }
+        for (x, y, e) in s.finite() {
+            if e > 0.0 {
+                let (px, lo) = f.pixel(x, y - e);
+                let (_, hi) = f.pixel(x, y + e);
+                line(&mut img, (px, lo), (px, hi), c, 1);
+                line(&mut img, (px - 3, lo), (px + 3, lo), c, 1);
+                line(&mut img, (px - 3, hi), (px + 3, hi), c, 1);
+            }
         }
         for &(x, y) in &pts {
             fill(&mut img, x - 1, y - 1, 3, 3, c);
@@ -272,13 +370,18 @@ pub fn plot_curves(
         // legend, top-left inside the plot
         let ly = t + 4 + i as i64 * LINE as i64;
         fill(&mut img, l + 6, ly + 2, 10, 4, c);
-        text(&mut img, l + 20, ly, &s.name, BLACK);
+        let name = if s.errors.is_empty() {
+            s.name.clone()
+        } else {
+            format!("{} (+/- s.e.)", s.name)
+        };
+        text(&mut img, l + 20, ly, &name, BLACK);
     }
     Ok(img)
 }
 
 const PAD: u32 = 2;
-const CAPTION_LINES: u32 = 2;
+const CAPTION_LINES: u32 = 3;
 
 /// The height of the caption strip under each tile (0 without captions).
 pub fn caption_height(captioned: bool) -> u32 {
@@ -286,8 +389,8 @@ pub fn caption_height(captioned: bool) -> u32 {
 }
 
 /// Tiles equally sized RGB images into a grid of `columns` columns (row-major), 2 white pixels
-/// apart, each optionally with a caption of up to two lines under it (wrapped at the tile's
-/// width in 8-pixel characters, cut beyond).
+/// apart, each optionally with a caption of up to three lines under it (wrapped between words
+/// at the tile's width in 8-pixel characters; what does not fit ends in `..`).
 ///
 /// # Errors
 /// [`TrainerError::Drawing`]: no tiles, zero columns, tiles of different sizes, more
@@ -302,7 +405,7 @@ pub fn caption_height(captioned: bool) -> u32 {
 /// // 2 columns x 2 rows of 16 px tiles with 2 px gaps around and between them
 /// assert_eq!(grid.dimensions(), (2 + 2 * 18, 2 + 2 * 18));
 /// assert_eq!(grid.get_pixel(2 + 18, 2).0, [0, 0, 255]);
-/// assert_eq!(caption_height(true), 20);
+/// assert_eq!(caption_height(true), 30);
 /// ```
 pub fn sample_grid(
     tiles: &[RgbImage],
@@ -344,25 +447,75 @@ pub fn sample_grid(
         let (x0, y0) = (PAD + c * cw, PAD + r * ch);
         image::imageops::replace(&mut img, t, x0 as i64, y0 as i64);
         if let Some(caption) = captions.and_then(|c| c.get(i)) {
-            let per_line = (tw / GLYPH).max(1) as usize;
-            let chars: Vec<char> = caption.chars().collect();
-            for (k, chunk) in chars
-                .chunks(per_line)
-                .take(CAPTION_LINES as usize)
+            // half a character short of the tile, so that neighbouring captions never touch
+            let per_line = (tw.saturating_sub(GLYPH / 2) / GLYPH).max(1) as usize;
+            for (k, s) in wrap(caption, per_line, CAPTION_LINES as usize)
+                .iter()
                 .enumerate()
             {
-                let s: String = chunk.iter().collect();
                 text(
                     &mut img,
                     x0 as i64,
                     (y0 + th + 1 + k as u32 * LINE) as i64,
-                    &s,
+                    s,
                     BLACK,
                 );
             }
         }
     }
     Ok(img)
+}
+
+/// `s` in lines of at most `width` characters, broken between words (a word longer than a
+/// line is split), at most `lines` of them; a cut last line ends in `..`.
+fn wrap(s: &str, width: usize, lines: usize) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    let mut cur = String::new();
+    let mut words: Vec<String> = s.split_whitespace().map(str::to_string).collect();
+    words.reverse();
+    while let Some(w) = words.pop() {
+        let len = cur.chars().count();
+        let wlen = w.chars().count();
+        if len == 0 && wlen > width {
+            let (head, tail): (String, String) = (
+                w.chars().take(width).collect(),
+                w.chars().skip(width).collect(),
+            );
+            out.push(head);
+            words.push(tail);
+        } else if len == 0 {
+            cur = w;
+        } else if len + 1 + wlen <= width {
+            cur.push(' ');
+            cur.push_str(&w);
+        } else {
+            out.push(std::mem::take(&mut cur));
+            words.push(w);
+        }
+    }
+    if !cur.is_empty() {
+        out.push(cur);
+    }
+    if out.len() > lines {
+        out.truncate(lines);
+        let last = out.last_mut().expect("lines >= 1");
+        let keep = width.saturating_sub(2).min(last.chars().count());
+        *last = last.chars().take(keep).collect::<String>() + "..";
+    }
+    out
+}
+
+/// Nearest-neighbour upscaling by an integer factor (small pictures stay crisp in a grid).
+pub fn upscale(img: &RgbImage, factor: u32) -> RgbImage {
+    if factor <= 1 {
+        return img.clone();
+    }
+    image::imageops::resize(
+        img,
+        img.width() * factor,
+        img.height() * factor,
+        image::imageops::FilterType::Nearest,
+    )
 }
 
 /// Encodes `img` as PNG and writes it atomically (`.tmp` → fsync → rename).
@@ -396,8 +549,9 @@ mod tests {
             name: "r".into(),
             points: vec![(0.0, 0.0), (10.0, 1.0), (f64::NAN, 3.0)],
             color: Some([200, 0, 200]),
+            errors: Vec::new(),
         };
-        let img = plot_curves(std::slice::from_ref(&s), "t", 400, 300).unwrap();
+        let img = plot_curves(std::slice::from_ref(&s), &Axes::titled("t"), 400, 300).unwrap();
         let f = frame(&[s], 400, 300).unwrap();
         for (x, y) in [(0.0, 0.0), (5.0, 0.5), (10.0, 1.0)] {
             let (px, py) = f.pixel(x, y);
@@ -417,21 +571,75 @@ mod tests {
 
     #[test]
     fn constant_and_single_point_series_draw() {
-        let img = plot_curves(&[Series::new("flat", vec![(3.0, 0.7)])], "t", 200, 120).unwrap();
+        let img = plot_curves(
+            &[Series::new("flat", vec![(3.0, 0.7)])],
+            &Axes::titled("t"),
+            200,
+            120,
+        )
+        .unwrap();
         assert!(img.pixels().any(|p| p.0 == PALETTE[0]));
     }
 
     #[test]
     fn bad_input_is_refused() {
-        assert!(plot_curves(&[], "t", 400, 300).is_err());
+        let t = Axes::titled("t");
+        assert!(plot_curves(&[], &t, 400, 300).is_err());
         let nan = Series::new("nan", vec![(f64::NAN, 1.0)]);
-        let err = plot_curves(&[nan], "t", 400, 300).unwrap_err();
+        let err = plot_curves(&[nan], &t, 400, 300).unwrap_err();
         assert!(
             err.to_string().contains("\"nan\" has no finite point"),
             "{err}"
         );
         let ok = Series::new("ok", vec![(0.0, 1.0)]);
-        assert!(plot_curves(&[ok], "t", 50, 50).is_err());
+        assert!(plot_curves(&[ok], &t, 50, 50).is_err());
+    }
+
+    #[test]
+    fn ticks_are_round_and_integer_on_request() {
+        let (t, d) = nice_ticks(0.283, 0.551, 5, false);
+        assert_eq!(d, 1);
+        assert_eq!(
+            t.iter().map(|v| format!("{v:.1}")).collect::<Vec<_>>(),
+            ["0.3", "0.4", "0.5"]
+        );
+        let (t, d) = nice_ticks(0.283, 0.551, 10, false);
+        assert_eq!((t.len(), d), (6, 2), "{t:?}");
+        let (t, d) = nice_ticks(-0.5, 79.5, 6, true);
+        assert_eq!(d, 0);
+        assert_eq!(t, [0.0, 20.0, 40.0, 60.0]);
+        // a span of one rollout still ticks at integers
+        let (t, _) = nice_ticks(39.0, 40.0, 6, true);
+        assert_eq!(t, [39.0, 40.0]);
+    }
+
+    #[test]
+    fn error_bars_widen_the_range_and_are_drawn() {
+        let s = Series::new("e", vec![(0.0, 0.5), (1.0, 0.5)]).with_errors(vec![0.1, f64::NAN]);
+        let f = frame(std::slice::from_ref(&s), 400, 300).unwrap();
+        assert!(f.y0 < 0.4 && f.y1 > 0.6, "{f:?}");
+        let img = plot_curves(&[s], &Axes::titled("t"), 400, 300).unwrap();
+        let (px, py) = f.pixel(0.0, 0.58);
+        assert_eq!(
+            img.get_pixel(px as u32, py as u32).0,
+            PALETTE[0],
+            "the bar above the point"
+        );
+    }
+
+    #[test]
+    fn captions_wrap_between_words() {
+        assert_eq!(
+            wrap("a red circle left of a yellow triangle", 16, 3),
+            ["a red circle", "left of a yellow", "triangle"]
+        );
+        assert_eq!(
+            wrap("one two three four five six", 9, 2),
+            ["one two", "three.."]
+        );
+        assert_eq!(wrap("abcdefghij", 4, 3), ["abcd", "efgh", "ij"]);
+        let up = upscale(&RgbImage::from_pixel(2, 2, image::Rgb([9, 9, 9])), 3);
+        assert_eq!(up.dimensions(), (6, 6));
     }
 
     #[test]

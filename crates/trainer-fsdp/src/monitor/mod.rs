@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::TrainerError;
 
-pub use draw::{Rgb, Series, caption_height, plot_curves, sample_grid, write_png};
+pub use draw::{Axes, Rgb, Series, caption_height, plot_curves, sample_grid, upscale, write_png};
 pub use jsonl::{JsonlWriter, MetricsRecord, parse_jsonl, read_jsonl, series};
 pub use progress::Progress;
 pub use tensorboard::{
@@ -51,9 +51,11 @@ pub fn wall_time() -> f64 {
 /// The reward-curve PNG of the run directory.
 pub const REWARD_CURVE_FILE: &str = "reward_curve.png";
 
-/// Plots the metrics `names` from a JSONL metrics file (x: the logged step) and writes the PNG
-/// atomically, e.g. the held-out reward and the training reward per rollout. Metrics with no
-/// point yet are left out; at least one must have one.
+/// Plots the metrics `names` from a JSONL metrics file against the logged step (the rollout)
+/// and writes the PNG atomically, e.g. the training reward per rollout and the held-out
+/// reward: a metric `<name>` with a `<name>_se` companion logged at the same steps (the
+/// held-out reward's standard error) gets `±` bars. Metrics with no point yet are left out;
+/// at least one must have one. The axes are titled `rollout` and `y_label`.
 ///
 /// # Errors
 /// [`TrainerError::Io`] / [`TrainerError::MetricsLine`] reading, [`TrainerError::Drawing`]
@@ -67,7 +69,7 @@ pub const REWARD_CURVE_FILE: &str = "reward_curve.png";
 ///     m.log(step, &Metrics::from([("reward/score_mean".to_string(), 0.5 + 0.1 * step as f64)])).unwrap();
 /// }
 /// let png = dir.path().join("reward_curve.png");
-/// write_reward_curve(&m.jsonl_path().unwrap(), &["reward/score_mean", "eval/reward"], &png, "reward").unwrap();
+/// write_reward_curve(&m.jsonl_path().unwrap(), &["reward/score_mean", "eval/reward"], &png, "reward", "score").unwrap();
 /// assert_eq!(image::open(&png).unwrap().width(), 640);
 /// ```
 pub fn write_reward_curve(
@@ -75,22 +77,35 @@ pub fn write_reward_curve(
     names: &[&str],
     png: &Path,
     title: &str,
+    y_label: &str,
 ) -> Result<(), TrainerError> {
     let records = read_jsonl(jsonl)?;
     let curves: Vec<Series> = names
         .iter()
         .map(|n| {
-            Series::new(
-                n,
-                series(&records, n)
-                    .into_iter()
-                    .map(|(x, y)| (x as f64, y))
-                    .collect(),
-            )
+            let points = series(&records, n);
+            let se: std::collections::BTreeMap<u64, f64> =
+                series(&records, &format!("{n}_se")).into_iter().collect();
+            let errors: Vec<f64> = if se.is_empty() {
+                Vec::new()
+            } else {
+                points
+                    .iter()
+                    .map(|(x, _)| se.get(x).copied().unwrap_or(f64::NAN))
+                    .collect()
+            };
+            Series::new(n, points.into_iter().map(|(x, y)| (x as f64, y)).collect())
+                .with_errors(errors)
         })
         .filter(|s| !s.points.is_empty())
         .collect();
-    let img = plot_curves(&curves, title, 640, 400)?;
+    let axes = Axes {
+        title,
+        x_label: "rollout",
+        y_label,
+        integer_x: true,
+    };
+    let img = plot_curves(&curves, &axes, 640, 400)?;
     write_png(png, &img)
 }
 
