@@ -23,7 +23,7 @@ use crate::error::{ConfigProblem, ContractMismatch, DitError};
 use crate::layers::{Linear, LoraAdapter};
 use crate::model::{LayerMut, LayerRef, QwenImageTransformer2DModel, checkpoint_name};
 use crate::weights::{
-    Checkpoint, WeightDtype, device_tensor, set_param, write_json, write_safetensors,
+    Checkpoint, WeightDtype, device_tensor, safetensors_bytes, set_param, write_json,
 };
 
 /// The default LoRA targets: the eight attention projections of each block, image stream
@@ -416,22 +416,45 @@ impl<B: Backend> QwenImageTransformer2DModel<B> {
     ) -> Result<AdapterContract, DitError> {
         let dir = dir.as_ref();
         let contract = self.adapter_contract()?;
-        let config = self.lora_config.clone().ok_or(DitError::NoAdapter)?;
+        let files = self.peft_adapter_files(base_model_name_or_path)?;
         std::fs::create_dir_all(dir).map_err(|e| DitError::io(dir, e))?;
-        let tensors = self.adapter_tensors(PEFT_KEY_PREFIX);
-        let mut meta = BTreeMap::new();
-        meta.insert("format".to_string(), "pt".to_string());
-        write_safetensors(&dir.join(ADAPTER_WEIGHTS_FILE), tensors, &meta)?;
+        let write = |name: &str, bytes: &[u8]| {
+            let path = dir.join(name);
+            durable::write_atomic(&path, bytes)
+                .map(|_| ())
+                .map_err(|e| DitError::write(&path, e))
+        };
+        let [(_, weights), (_, config)] = files;
+        write(ADAPTER_WEIGHTS_FILE, &weights)?;
         write_json(
             &dir.join(CONTRACT_FILE),
             &serde_json::to_value(&contract).expect("json"),
         )?;
+        write(ADAPTER_CONFIG_FILE, &config)?;
+        Ok(contract)
+    }
+
+    /// The two files of a PEFT adapter directory in memory — `adapter_model.safetensors` and
+    /// `adapter_config.json`, the bytes [`Self::save_peft_adapter_for`] writes — for writers
+    /// that place them themselves (a training checkpoint holds them beside its own files).
+    pub fn peft_adapter_files(
+        &mut self,
+        base_model_name_or_path: Option<&str>,
+    ) -> Result<[(&'static str, Vec<u8>); 2], DitError> {
+        let config = self.lora_config.clone().ok_or(DitError::NoAdapter)?;
+        let tensors = self.adapter_tensors(PEFT_KEY_PREFIX);
+        let mut meta = BTreeMap::new();
+        meta.insert("format".to_string(), "pt".to_string());
+        let weights = safetensors_bytes(tensors, &meta);
         let mut peft_config = peft_config_json(&config);
         if let Some(base) = base_model_name_or_path {
             peft_config["base_model_name_or_path"] = base.into();
         }
-        write_json(&dir.join(ADAPTER_CONFIG_FILE), &peft_config)?;
-        Ok(contract)
+        let json = serde_json::to_string_pretty(&peft_config).expect("json") + "\n";
+        Ok([
+            (ADAPTER_WEIGHTS_FILE, weights),
+            (ADAPTER_CONFIG_FILE, json.into_bytes()),
+        ])
     }
 
     /// Loads a PEFT LoRA adapter directory (PEFT's own `save_pretrained` output or

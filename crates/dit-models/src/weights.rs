@@ -474,14 +474,34 @@ fn write_entries(
     write_entry_refs(path, &refs, dtype, metadata)
 }
 
-/// Streams one safetensors file: the header from the shapes, then each tensor's bytes as its
-/// producer yields them (one tensor in host memory at a time).
-fn write_entry_refs(
-    path: &Path,
+/// One safetensors file in memory, `f32`, keys sorted — the bytes [`write_safetensors`] writes.
+pub fn safetensors_bytes(
+    tensors: Vec<(String, Vec<usize>, Vec<f32>)>,
+    metadata: &BTreeMap<String, String>,
+) -> Vec<u8> {
+    let mut entries: Vec<TensorEntry<'_>> = tensors
+        .into_iter()
+        .map(|(key, shape, values)| TensorEntry {
+            key,
+            shape,
+            values: Box::new(move || values.clone()),
+        })
+        .collect();
+    entries.sort_by(|a, b| a.key.cmp(&b.key));
+    let refs: Vec<&TensorEntry<'_>> = entries.iter().collect();
+    let mut out = Vec::new();
+    encode_entries(&mut out, &refs, ExportDtype::F32, metadata).expect("writing to memory");
+    out
+}
+
+/// The safetensors encoding of `entries` into `w`: the header from the shapes, then each
+/// tensor's bytes as its producer yields them (one tensor in host memory at a time).
+fn encode_entries(
+    w: &mut impl Write,
     entries: &[&TensorEntry<'_>],
     dtype: ExportDtype,
     metadata: &BTreeMap<String, String>,
-) -> Result<(), DitError> {
+) -> std::io::Result<()> {
     let mut header = serde_json::Map::new();
     if !metadata.is_empty() {
         header.insert(
@@ -502,22 +522,8 @@ fn write_entry_refs(
     while !h.len().is_multiple_of(8) {
         h.push(b' ');
     }
-    // Written to `<path>.tmp` and renamed into place by `commit`; dropped on an error (or a
-    // panic of a producer) before that, it removes the temporary file and `path` is untouched.
-    let mut w = durable::AtomicFile::create(path).map_err(|e| DitError::write(path, e))?;
-    let tmp = durable::tmp_path(path);
-    let io = |source| {
-        DitError::write(
-            path,
-            durable::DurableError {
-                path: tmp.clone(),
-                op: "write",
-                source,
-            },
-        )
-    };
-    w.write_all(&(h.len() as u64).to_le_bytes()).map_err(io)?;
-    w.write_all(&h).map_err(io)?;
+    w.write_all(&(h.len() as u64).to_le_bytes())?;
+    w.write_all(&h)?;
     for e in entries {
         let values = (e.values)();
         assert_eq!(
@@ -532,10 +538,33 @@ fn write_entry_refs(
             match dtype {
                 ExportDtype::F32 => w.write_all(&v.to_le_bytes()),
                 ExportDtype::Bf16 => w.write_all(&half::bf16::from_f32(v).to_bits().to_le_bytes()),
-            }
-            .map_err(io)?;
+            }?;
         }
     }
+    Ok(())
+}
+
+/// Streams one safetensors file durably ([`encode_entries`] into a `durable::AtomicFile`).
+fn write_entry_refs(
+    path: &Path,
+    entries: &[&TensorEntry<'_>],
+    dtype: ExportDtype,
+    metadata: &BTreeMap<String, String>,
+) -> Result<(), DitError> {
+    // Written to `<path>.tmp` and renamed into place by `commit`; dropped on an error (or a
+    // panic of a producer) before that, it removes the temporary file and `path` is untouched.
+    let mut w = durable::AtomicFile::create(path).map_err(|e| DitError::write(path, e))?;
+    let tmp = durable::tmp_path(path);
+    encode_entries(&mut w, entries, dtype, metadata).map_err(|source| {
+        DitError::write(
+            path,
+            durable::DurableError {
+                path: tmp.clone(),
+                op: "write",
+                source,
+            },
+        )
+    })?;
     w.commit().map_err(|e| DitError::write(path, e))?;
     Ok(())
 }

@@ -3,6 +3,8 @@
 //! ```text
 //! <root>/<task>/iter_0000020/
 //! ├── model.mpk                 trainable parameters only (the adapter under LoRA), by module path
+//! ├── adapter_model.safetensors the same, readable without burn, where the world writes it
+//! ├── adapter_config.json         (the shapes world under LoRA: a PEFT adapter directory)
 //! ├── optimizer.mpk             the optimizer's record (AdamW moments and step counts)
 //! ├── rng_rank0.json            the trainer's random stream
 //! ├── adapter_contract.json     LoRA only: rank, alpha, dropout, targets, rsLoRA, base hash
@@ -460,6 +462,33 @@ impl CheckpointStore {
         M: AutodiffModule<B>,
         O: Optimizer<M, B>,
     {
+        self.save_with(model, optimizer, state, rng, contract, &[])
+    }
+
+    /// [`CheckpointStore::save`] with `readable` files beside the store's own (the world's
+    /// copy of the trainable weights in its model family's format, e.g. a PEFT adapter's
+    /// `adapter_model.safetensors` and `adapter_config.json`), written after the weights and
+    /// listed in `COMMITTED` with their hashes like every other file. Resume does not read
+    /// them (it restores the exact bits and parameter ids from `model.mpk`); they are for
+    /// readers outside flowrl.
+    ///
+    /// # Errors
+    /// As [`CheckpointStore::save`]; [`TrainerError::Checkpoint`] with
+    /// [`CheckpointProblem::ReservedName`] for a readable file named like one of the store's.
+    pub fn save_with<B, M, O>(
+        &self,
+        model: &M,
+        optimizer: &O,
+        state: &TrainerState,
+        rng: &TrainerRng,
+        contract: Option<&AdapterContract>,
+        readable: &[(&str, Vec<u8>)],
+    ) -> Result<SavedCheckpoint, TrainerError>
+    where
+        B: AutodiffBackend,
+        M: AutodiffModule<B>,
+        O: Optimizer<M, B>,
+    {
         let iteration = state.rollout_id;
         let dir = self.iteration_dir(iteration);
         if state.task != self.task {
@@ -480,6 +509,26 @@ impl CheckpointStore {
                 problem: CheckpointProblem::NewerCheckpointExists {
                     writing: iteration,
                     newer: newer.iteration,
+                },
+            });
+        }
+        let reserved = [
+            WEIGHTS_FILE,
+            OPTIMIZER_FILE,
+            RNG_FILE,
+            CONTRACT_FILE,
+            TRAINER_STATE_FILE,
+            COMMITTED_FILE,
+            LATEST_FILE,
+        ];
+        if let Some((name, _)) = readable
+            .iter()
+            .find(|(n, _)| reserved.contains(n) || n.contains('/') || n.is_empty())
+        {
+            return Err(TrainerError::Checkpoint {
+                dir,
+                problem: CheckpointProblem::ReservedName {
+                    name: (*name).to_string(),
                 },
             });
         }
@@ -510,6 +559,9 @@ impl CheckpointStore {
 
         let mut files = Vec::new();
         self.write_file(&dir, WEIGHTS_FILE, &weights, &mut files)?;
+        for (name, bytes) in readable {
+            self.write_file(&dir, name, bytes, &mut files)?;
+        }
         self.phase(iteration, WritePhase::Weights);
         self.write_file(&dir, OPTIMIZER_FILE, &optim, &mut files)?;
         self.phase(iteration, WritePhase::Optimizer);

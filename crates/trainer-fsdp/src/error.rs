@@ -615,6 +615,12 @@ impl fmt::Display for Moved<'_> {
 /// Why a checkpoint cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CheckpointProblem {
+    /// A file the caller asked the checkpoint to hold is named like one of the store's own
+    /// (or is not a plain file name).
+    ReservedName {
+        /// The name.
+        name: String,
+    },
     /// There is no `COMMITTED` marker: the write never finished.
     NotCommitted,
     /// A file listed in `COMMITTED` is missing.
@@ -682,6 +688,10 @@ pub enum CheckpointProblem {
 impl fmt::Display for CheckpointProblem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            CheckpointProblem::ReservedName { name } => write!(
+                f,
+                "readable file {name:?} is named like a checkpoint file of the store's own (or is not a plain file name)"
+            ),
             CheckpointProblem::NotCommitted => write!(
                 f,
                 "no COMMITTED marker (the write did not finish); resume never trusts it"

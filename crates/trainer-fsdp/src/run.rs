@@ -779,12 +779,14 @@ where
         self.optimizer.record_into(&mut state);
         state.metrics_cursor = self.monitor.cursor();
         state.checkpoint_failures = self.checkpoint_failures;
-        self.store.save(
+        let readable = self.world.checkpoint_files(self.model())?;
+        self.store.save_with(
             self.model(),
             self.optimizer.optimizer(),
             &state,
             &self.rng,
             self.contract.as_ref(),
+            &readable,
         )?;
         Ok(())
     }

@@ -837,6 +837,20 @@ impl<B: AutodiffBackend> World<B> for ShapesWorld<B::InnerBackend> {
         Some(sample.clone())
     }
 
+    /// Under LoRA, the adapter as a PEFT adapter directory's two files (so that a checkpoint
+    /// directory loads with `PeftModel.from_pretrained`); nothing under full fine-tuning (the
+    /// merged export writes the whole transformer).
+    fn checkpoint_files(
+        &self,
+        policy: &QwenImageTransformer2DModel<B>,
+    ) -> Result<Vec<(&'static str, Vec<u8>)>, TrainerError> {
+        if policy.lora_config().is_none() {
+            return Ok(Vec::new());
+        }
+        let base = self.dir.join("transformer").display().to_string();
+        Ok(policy.valid().peft_adapter_files(Some(&base))?.into())
+    }
+
     /// Every [`ExportForm`](crate::export::ExportForm) of the transformer, against the base
     /// `<generator dir>/transformer`; the probe is the first two held-out prompts at
     /// `sigma = 0.8, 0.3` on a fixed latent.

@@ -162,6 +162,19 @@ pub trait World<B: AutodiffBackend>: Sync {
     /// A picture of a sample for the run's PNGs and sample grids, if it has one.
     fn image(&self, sample: &Self::Sample) -> Option<RgbImage>;
 
+    /// Files a checkpoint holds beside its own: `policy`'s trainable weights in the model
+    /// family's format, readable without burn (name, bytes). The default: none.
+    ///
+    /// # Errors
+    /// Model errors.
+    fn checkpoint_files(
+        &self,
+        policy: &Self::Policy,
+    ) -> Result<Vec<(&'static str, Vec<u8>)>, TrainerError> {
+        let _ = policy;
+        Ok(Vec::new())
+    }
+
     /// Writes `policy` (a committed checkpoint's, rebuilt by [`crate::export::export`]) in
     /// `request.form` into the empty directory `out`; with `request.verify`, reloads what it
     /// wrote the way the form's users load it and compares the velocities with `policy`'s on

@@ -186,6 +186,38 @@ fn rotation_damage_and_misuse() {
     let opt = optimizer();
     let rng = TrainerRng::seeded(2);
     let store = CheckpointStore::new(dir.path(), "t2i", Some(3)).unwrap();
+    // readable files beside the store's own may not take their names
+    for name in [
+        checkpoint::WEIGHTS_FILE,
+        checkpoint::COMMITTED_FILE,
+        "a/b",
+        "",
+    ] {
+        let err = store
+            .save_with(
+                &model,
+                opt.optimizer(),
+                &state_of(&opt, 0),
+                &rng,
+                None,
+                &[(name, b"x".to_vec())],
+            )
+            .unwrap_err();
+        assert!(
+            matches!(
+                &err,
+                TrainerError::Checkpoint {
+                    problem: CheckpointProblem::ReservedName { .. },
+                    ..
+                }
+            ),
+            "{err}"
+        );
+    }
+    assert!(
+        store.committed().unwrap().is_empty(),
+        "a refused save writes nothing"
+    );
     let mut rotated = Vec::new();
     for id in 0..6 {
         let s = store

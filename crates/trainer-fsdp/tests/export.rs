@@ -181,6 +181,22 @@ fn every_form_exports_verified_and_the_run_is_untouched() {
     )
     .unwrap();
 
+    // every LoRA checkpoint is itself a PEFT adapter directory: the same bytes as the export
+    let ckpt = peft.checkpoint.dir.clone();
+    for f in ["adapter_model.safetensors", "adapter_config.json"] {
+        assert_eq!(
+            std::fs::read(ckpt.join(f)).unwrap(),
+            std::fs::read(out.join("peft").join(f)).unwrap(),
+            "{f}"
+        );
+    }
+    let in_ckpt = read_adapter(&ckpt, ImportDropout::Refuse).unwrap();
+    assert_eq!(in_ckpt.config, a.config);
+    assert_eq!(
+        in_ckpt.contract, a.contract,
+        "the checkpoint's own contract"
+    );
+
     // nothing in the run changed, and no staging directory is left
     let mut after = snapshot(root.path());
     after.retain(|p, _| !p.starts_with(&out));
