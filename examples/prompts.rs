@@ -30,13 +30,14 @@ struct Args {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// A prompt source (.jsonl with a prompt field, .txt with one prompt per line) into the
-    /// schema.
+    /// A prompt source (.jsonl with a prompt field, .txt with one prompt per line, .parquet
+    /// with a prompt column) into the schema.
     Convert {
         /// The source file.
         #[arg(long)]
         input: PathBuf,
-        /// The JSONL field holding the prompt (default: the first of prompt, caption, text).
+        /// The JSONL field or parquet column holding the prompt (default: the first of prompt,
+        /// caption, text).
         #[arg(long)]
         field: Option<String>,
         /// The task of every record (t2i, i2i, t2v, i2v).

@@ -13,7 +13,8 @@
 //! Three steps build and gate such a file, each deterministic (no RNG anywhere):
 //!
 //! * [`convert`]: a prompt source — a JSONL with a prompt field, plain text with one prompt
-//!   per line — into the schema, with sample ids `<prefix><line number>`;
+//!   per line, a parquet string column — into the schema, with sample ids
+//!   `<prefix><line or row number>`;
 //! * [`curate`]: dedup by a stable content hash (prompt + sorted media paths), a minimum word
 //!   count, records with missing media dropped, and a train / eval split by a hash of the
 //!   sample id (a fixed eval size with nested eval subsets, or a fraction): a rerun gives the
@@ -170,6 +171,14 @@ pub enum DataError {
         /// What is allowed.
         expected: String,
     },
+    /// A parquet file that cannot be read (its codec, say) or has no prompt column.
+    #[error("{path}: parquet: {problem}")]
+    Parquet {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        problem: String,
+    },
     /// A source format this build cannot read.
     #[error("{path}: {format} input is not supported: {hint}")]
     Unsupported {
@@ -284,6 +293,13 @@ pub enum SourceFormat {
     },
     /// Plain text, one prompt per line (blank lines skipped).
     Text,
+    /// A parquet file, the prompt in the string column `column` (or, without one, the first
+    /// of `prompt`, `caption`, `text` the file has); rows are numbered from 1 like lines.
+    /// Uncompressed and snappy-compressed files are read (the datasets hub's default).
+    Parquet {
+        /// The prompt column.
+        column: Option<String>,
+    },
 }
 
 impl SourceFormat {
@@ -295,16 +311,12 @@ impl SourceFormat {
         match path.extension().and_then(|e| e.to_str()) {
             Some("jsonl") | Some("json") => Ok(SourceFormat::Jsonl { field }),
             Some("txt") => Ok(SourceFormat::Text),
-            Some("parquet") => Err(DataError::Unsupported {
-                path: path.to_path_buf(),
-                format: "parquet".into(),
-                hint: "export the prompt column as JSONL first (e.g. pandas \
-                       `read_parquet(p)[[col]].to_json(out, orient=\"records\", lines=True)`)",
-            }),
+            Some("parquet") => Ok(SourceFormat::Parquet { column: field }),
             other => Err(DataError::Unsupported {
                 path: path.to_path_buf(),
                 format: format!("{other:?} extension"),
-                hint: "name a .jsonl (a prompt field per line) or .txt (one prompt per line) file",
+                hint: "name a .jsonl (a prompt field per line), .txt (one prompt per line) or \
+                       .parquet (a prompt column) file",
             }),
         }
     }
@@ -320,8 +332,9 @@ pub struct ConvertReport {
 }
 
 /// Converts a prompt source into the unified schema at `output`: every prompt (trimmed) with
-/// `task` and the sample id `<id_prefix><line number, 7 digits>`. Lines whose prompt is
-/// missing, not a string or empty are errors, all reported; nothing is written then.
+/// `task` and the sample id `<id_prefix><line or row number, 7 digits>`. Lines (rows) whose
+/// prompt is missing, null, not a string or empty are errors, all reported; nothing is
+/// written then.
 ///
 /// # Errors
 /// [`DataError::Option`] for an unknown task, [`DataError::BadLines`], IO errors.
@@ -342,53 +355,16 @@ pub fn convert(
     let mut records = Vec::new();
     let mut problems = Vec::new();
     let mut blank = 0;
-    for (i, line) in read_lines(input)?.iter().enumerate() {
-        let n = i + 1;
-        if line.trim().is_empty() {
-            blank += 1;
-            continue;
+    for (n, prompt) in source_prompts(input, format)? {
+        match prompt {
+            Ok(None) => blank += 1,
+            Ok(Some(p)) => records.push(PromptRecord::new(p, task, format!("{id_prefix}{n:07}"))),
+            Err(problem) => problems.push(LineProblem {
+                path: input.to_path_buf(),
+                line: n,
+                problem,
+            }),
         }
-        let problem = |problem: String| LineProblem {
-            path: input.to_path_buf(),
-            line: n,
-            problem,
-        };
-        let prompt = match format {
-            SourceFormat::Text => line.trim().to_string(),
-            SourceFormat::Jsonl { field } => {
-                let v: Value = match serde_json::from_str(line) {
-                    Ok(v) => v,
-                    Err(e) => {
-                        problems.push(problem(format!("not JSON: {e}")));
-                        continue;
-                    }
-                };
-                let fields: Vec<&str> = match field {
-                    Some(f) => vec![f.as_str()],
-                    None => vec!["prompt", "caption", "text"],
-                };
-                match fields.iter().find_map(|f| v.get(*f)) {
-                    Some(Value::String(s)) if !s.trim().is_empty() => s.trim().to_string(),
-                    Some(Value::String(_)) => {
-                        problems.push(problem("empty prompt".into()));
-                        continue;
-                    }
-                    Some(other) => {
-                        problems.push(problem(format!("the prompt is not a string: {other}")));
-                        continue;
-                    }
-                    None => {
-                        problems.push(problem(format!("no {} field", fields.join(" / "))));
-                        continue;
-                    }
-                }
-            }
-        };
-        records.push(PromptRecord::new(
-            prompt,
-            task,
-            format!("{id_prefix}{n:07}"),
-        ));
     }
     if !problems.is_empty() {
         return Err(DataError::BadLines { problems });
@@ -398,6 +374,114 @@ pub fn convert(
         written: records.len(),
         blank,
     })
+}
+
+/// A source's prompts by line (or row) number: the prompt, `None` for a blank line, or what
+/// is wrong with it.
+type SourcePrompts = Vec<(usize, Result<Option<String>, String>)>;
+
+fn source_prompts(input: &Path, format: &SourceFormat) -> Result<SourcePrompts, DataError> {
+    let pick = |fields: &[&str], get: &dyn Fn(&str) -> Option<Value>| -> Result<String, String> {
+        match fields.iter().find_map(|f| get(f)) {
+            Some(Value::String(s)) if !s.trim().is_empty() => Ok(s.trim().to_string()),
+            Some(Value::String(_)) => Err("empty prompt".into()),
+            Some(Value::Null) => Err("the prompt is null".into()),
+            Some(other) => Err(format!("the prompt is not a string: {other}")),
+            None => Err(format!("no {} field", fields.join(" / "))),
+        }
+    };
+    let defaults = ["prompt", "caption", "text"];
+    match format {
+        SourceFormat::Text => Ok(read_lines(input)?
+            .iter()
+            .enumerate()
+            .map(|(i, l)| {
+                (
+                    i + 1,
+                    Ok((!l.trim().is_empty()).then(|| l.trim().to_string())),
+                )
+            })
+            .collect()),
+        SourceFormat::Jsonl { field } => {
+            let fields: Vec<&str> = match field {
+                Some(f) => vec![f.as_str()],
+                None => defaults.to_vec(),
+            };
+            Ok(read_lines(input)?
+                .iter()
+                .enumerate()
+                .map(|(i, line)| {
+                    if line.trim().is_empty() {
+                        return (i + 1, Ok(None));
+                    }
+                    let prompt = match serde_json::from_str::<Value>(line) {
+                        Ok(v) => pick(&fields, &|f| v.get(f).cloned()).map(Some),
+                        Err(e) => Err(format!("not JSON: {e}")),
+                    };
+                    (i + 1, prompt)
+                })
+                .collect())
+        }
+        SourceFormat::Parquet { column } => parquet_prompts(input, column.as_deref(), &defaults),
+    }
+}
+
+/// The prompts of a parquet file's string column, by row (1-based).
+fn parquet_prompts(
+    input: &Path,
+    column: Option<&str>,
+    defaults: &[&str],
+) -> Result<SourcePrompts, DataError> {
+    use parquet::file::reader::{FileReader, SerializedFileReader};
+    use parquet::record::Field;
+
+    let bad = |e: parquet::errors::ParquetError| DataError::Parquet {
+        path: input.to_path_buf(),
+        problem: e.to_string(),
+    };
+    let file = std::fs::File::open(input).map_err(|source| DataError::Io {
+        path: input.to_path_buf(),
+        source,
+    })?;
+    let reader = SerializedFileReader::new(file).map_err(bad)?;
+    let names: Vec<String> = reader
+        .metadata()
+        .file_metadata()
+        .schema_descr()
+        .root_schema()
+        .get_fields()
+        .iter()
+        .map(|f| f.name().to_string())
+        .collect();
+    let wanted: Vec<&str> = match column {
+        Some(c) => vec![c],
+        None => defaults.to_vec(),
+    };
+    let Some(col) = wanted.iter().find(|w| names.iter().any(|n| n == *w)) else {
+        return Err(DataError::Parquet {
+            path: input.to_path_buf(),
+            problem: format!(
+                "no {} column (the file has {names:?}; name one with --field)",
+                wanted.join(" / ")
+            ),
+        });
+    };
+    let mut out = Vec::new();
+    for (i, row) in reader.get_row_iter(None).map_err(bad)?.enumerate() {
+        let row = row.map_err(bad)?;
+        let field = row
+            .get_column_iter()
+            .find(|(n, _)| n.as_str() == *col)
+            .map(|(_, f)| f.clone());
+        let prompt = match field {
+            Some(Field::Str(s)) if !s.trim().is_empty() => Ok(Some(s.trim().to_string())),
+            Some(Field::Str(_)) => Err("empty prompt".into()),
+            Some(Field::Null) | None => Err(format!("column {col} is null")),
+            Some(other) => Err(format!("column {col} is not a string: {other}")),
+        };
+        out.push((i + 1, prompt));
+    }
+    Ok(out)
 }
 
 /// How [`curate`] splits.

@@ -91,9 +91,9 @@ fn bad_rows_are_reported_by_line_and_nothing_is_written() {
 
     let err = convert(&jl, &SourceFormat::Text, "txt2img", "", &out).unwrap_err();
     assert!(err.to_string().contains("task = txt2img"), "{err}");
-    let err = SourceFormat::from_path(Path::new("x.parquet"), None).unwrap_err();
+    let err = SourceFormat::from_path(Path::new("x.csv"), None).unwrap_err();
     assert!(
-        err.to_string().contains("parquet input is not supported"),
+        err.to_string().contains(".parquet (a prompt column)"),
         "{err}"
     );
 
@@ -361,4 +361,69 @@ fn inspect_finds_leakage_and_bad_records_by_line() {
     assert!(has(5, "sample_id \"d\" already on line 4"), "{found:?}");
     assert!(has(6, "missing required key(s) metadata"), "{found:?}");
     assert_eq!(found.len(), 6, "{found:?}");
+}
+
+fn parquet_fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .map(|d| d.join("fixtures/prompt_data").join(name))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| panic!("fixtures/prompt_data/{name}"))
+}
+
+#[test]
+fn parquet_columns_convert_with_bad_rows_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("p.jsonl");
+    // pyarrow's snappy file: a null and an empty prompt are rows 2 and 4
+    let src = parquet_fixture("prompts.parquet");
+    let fmt = SourceFormat::from_path(&src, None).unwrap();
+    assert_eq!(fmt, SourceFormat::Parquet { column: None });
+    let err = convert(&src, &fmt, "t2i", "pq_", &out).unwrap_err();
+    let DataError::BadLines { problems } = &err else {
+        panic!("{err}")
+    };
+    let found: Vec<(usize, &str)> = problems
+        .iter()
+        .map(|p| (p.line, p.problem.as_str()))
+        .collect();
+    assert_eq!(found, [(2, "column prompt is null"), (4, "empty prompt")]);
+    assert!(!out.exists());
+
+    // the uncompressed file's caption column, found without naming it
+    let src = parquet_fixture("captions.parquet");
+    let r = convert(
+        &src,
+        &SourceFormat::from_path(&src, None).unwrap(),
+        "t2i",
+        "c_",
+        &out,
+    )
+    .unwrap();
+    assert_eq!(r.written, 2);
+    let recs = read_jsonl(&out).unwrap();
+    assert_eq!(recs[1].1.prompt, "a bird");
+    assert_eq!(recs[1].1.metadata.sample_id, "c_0000002");
+
+    // a column that is not there, and a codec this build does not read, are named
+    let fmt = SourceFormat::Parquet {
+        column: Some("text".into()),
+    };
+    let err = convert(&src, &fmt, "t2i", "", &out).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("no text column (the file has [\"caption\"]"),
+        "{err}"
+    );
+    let src = parquet_fixture("zstd.parquet");
+    let err = convert(
+        &src,
+        &SourceFormat::Parquet { column: None },
+        "t2i",
+        "",
+        &out,
+    )
+    .unwrap_err();
+    assert!(matches!(err, DataError::Parquet { .. }), "{err}");
+    assert!(err.to_string().to_lowercase().contains("zstd"), "{err}");
 }
