@@ -86,6 +86,9 @@ enum Command {
         /// Eval files (repeatable).
         #[arg(long)]
         eval: Vec<PathBuf>,
+        /// Also open and decode every media file (PNG and JPEG images).
+        #[arg(long)]
+        decode_media: bool,
     },
 }
 
@@ -143,8 +146,12 @@ fn main() -> Result<()> {
                 println!("  {}", f.display());
             }
         }
-        Command::Inspect { train, eval } => {
-            let r = inspect(&train, &eval)?;
+        Command::Inspect {
+            train,
+            eval,
+            decode_media,
+        } => {
+            let r = inspect(&train, &eval, decode_media)?;
             for (f, n) in &r.records {
                 println!("{}: {n} records", f.display());
             }

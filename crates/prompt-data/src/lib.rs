@@ -20,8 +20,8 @@
 //!   sample id (a fixed eval size with nested eval subsets, or a fraction): a rerun gives the
 //!   identical partition;
 //! * [`inspect`]: required keys, a known task, placeholders against media, and train / eval
-//!   leakage (the same sample id or the same content in both), every problem reported with its
-//!   file and line.
+//!   leakage (the same sample id or the same content in both), optionally every image decoded,
+//!   every problem reported with its file and line.
 //!
 //! Files are written durably (temp file, fsync, rename): an interrupted run leaves no torn
 //! output.
@@ -664,6 +664,28 @@ pub fn curate(
     })
 }
 
+/// Opens and decodes one media file.
+fn decode(path: &Path) -> Result<(), String> {
+    let ext = path
+        .extension()
+        .and_then(|e| e.to_str())
+        .map(str::to_ascii_lowercase)
+        .unwrap_or_default();
+    if !matches!(ext.as_str(), "png" | "jpg" | "jpeg") {
+        return Err(format!(
+            "cannot be decoded here (.{ext}: PNG and JPEG images only)"
+        ));
+    }
+    let reader = image::ImageReader::open(path).map_err(|e| format!("cannot be opened: {e}"))?;
+    let reader = reader
+        .with_guessed_format()
+        .map_err(|e| format!("cannot be read: {e}"))?;
+    reader
+        .decode()
+        .map(|_| ())
+        .map_err(|e| format!("does not decode: {e}"))
+}
+
 /// What [`inspect`] found.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct InspectReport {
@@ -682,12 +704,18 @@ impl InspectReport {
 
 /// Checks a train file and eval files: every line a record with the required keys, a known
 /// task, as many media files as placeholders, no sample id twice in a file, and no eval
-/// record whose sample id or content is also in train (leakage). Problems are collected, not
+/// record whose sample id or content is also in train (leakage); with `decode_media`, every
+/// media file (relative paths from its JSONL's directory) is opened and decoded (PNG and
+/// JPEG images; other media are reported as not checkable). Problems are collected, not
 /// raised.
 ///
 /// # Errors
-/// IO errors only.
-pub fn inspect(train: &Path, evals: &[PathBuf]) -> Result<InspectReport, DataError> {
+/// IO errors of the JSONL files only.
+pub fn inspect(
+    train: &Path,
+    evals: &[PathBuf],
+    decode_media: bool,
+) -> Result<InspectReport, DataError> {
     let mut report = InspectReport::default();
     let mut train_ids: HashMap<String, usize> = HashMap::new();
     let mut train_hashes: HashMap<String, usize> = HashMap::new();
@@ -729,6 +757,14 @@ pub fn inspect(train: &Path, evals: &[PathBuf]) -> Result<InspectReport, DataErr
                     "sample_id {:?} already on line {first}",
                     r.metadata.sample_id
                 ));
+            }
+            if decode_media {
+                let base = path.parent().unwrap_or(Path::new("."));
+                for m in &r.media {
+                    if let Err(e) = decode(&base.join(m)) {
+                        problem(format!("media {m:?}: {e}"));
+                    }
+                }
             }
             if n == 0 {
                 train_ids.insert(r.metadata.sample_id.clone(), *line);

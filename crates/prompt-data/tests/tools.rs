@@ -223,7 +223,7 @@ fn curate_dedups_filters_and_splits_reproducibly() {
         .iter()
         .map(|f| dir.path().join("a").join(f))
         .collect();
-    let report = inspect(&dir.path().join("a/demo_train.jsonl"), &evals).unwrap();
+    let report = inspect(&dir.path().join("a/demo_train.jsonl"), &evals, true).unwrap();
     assert!(report.is_clean(), "{:?}", report.problems);
     assert_eq!(report.records[0].1, 22);
 
@@ -347,7 +347,7 @@ fn inspect_finds_leakage_and_bad_records_by_line() {
             "\n",
         ),
     );
-    let report = inspect(&train, &[eval]).unwrap();
+    let report = inspect(&train, &[eval], false).unwrap();
     let found: Vec<(usize, &str)> = report
         .problems
         .iter()
@@ -426,4 +426,50 @@ fn parquet_columns_convert_with_bad_rows_named() {
     .unwrap_err();
     assert!(matches!(err, DataError::Parquet { .. }), "{err}");
     assert!(err.to_string().to_lowercase().contains("zstd"), "{err}");
+}
+
+#[test]
+fn decode_media_opens_every_image() {
+    let dir = tempfile::tempdir().unwrap();
+    let png = dir.path().join("ok.png");
+    image::RgbImage::from_pixel(2, 2, image::Rgb([1, 2, 3]))
+        .save(&png)
+        .unwrap();
+    std::fs::write(dir.path().join("broken.png"), b"not a png").unwrap();
+    let rec = |id: &str, media: &str| {
+        let mut r = PromptRecord::new("<image> restyle it", "i2i", id);
+        r.media = vec![media.into()];
+        r
+    };
+    let train = dir.path().join("train.jsonl");
+    write_jsonl(
+        &train,
+        &[
+            rec("a", "ok.png"),
+            rec("b", "broken.png"),
+            rec("c", "missing.png"),
+            rec("d", "clip.mp4"),
+        ],
+    )
+    .unwrap();
+    assert!(inspect(&train, &[], false).unwrap().is_clean());
+    let report = inspect(&train, &[], true).unwrap();
+    let found: Vec<(usize, &str)> = report
+        .problems
+        .iter()
+        .map(|p| (p.line, p.problem.as_str()))
+        .collect();
+    assert_eq!(found.len(), 3, "{found:?}");
+    assert!(
+        found[0].0 == 2 && found[0].1.contains("does not decode"),
+        "{found:?}"
+    );
+    assert!(
+        found[1].0 == 3 && found[1].1.contains("cannot be opened"),
+        "{found:?}"
+    );
+    assert!(
+        found[2].0 == 4 && found[2].1.contains("PNG and JPEG images only"),
+        "{found:?}"
+    );
 }
