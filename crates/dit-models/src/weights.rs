@@ -452,7 +452,12 @@ pub fn write_safetensors(
     tensors: Vec<(String, Vec<usize>, Vec<f32>)>,
     metadata: &BTreeMap<String, String>,
 ) -> Result<(), DitError> {
-    let mut entries: Vec<TensorEntry<'_>> = tensors
+    write_entries(path, &sorted_entries(tensors), ExportDtype::F32, metadata)
+}
+
+/// Host tensors as entries, sorted by key.
+fn sorted_entries(tensors: Vec<(String, Vec<usize>, Vec<f32>)>) -> Vec<TensorEntry<'static>> {
+    let mut entries: Vec<TensorEntry<'static>> = tensors
         .into_iter()
         .map(|(key, shape, values)| TensorEntry {
             key,
@@ -461,7 +466,7 @@ pub fn write_safetensors(
         })
         .collect();
     entries.sort_by(|a, b| a.key.cmp(&b.key));
-    write_entries(path, &entries, ExportDtype::F32, metadata)
+    entries
 }
 
 fn write_entries(
@@ -479,15 +484,7 @@ pub fn safetensors_bytes(
     tensors: Vec<(String, Vec<usize>, Vec<f32>)>,
     metadata: &BTreeMap<String, String>,
 ) -> Vec<u8> {
-    let mut entries: Vec<TensorEntry<'_>> = tensors
-        .into_iter()
-        .map(|(key, shape, values)| TensorEntry {
-            key,
-            shape,
-            values: Box::new(move || values.clone()),
-        })
-        .collect();
-    entries.sort_by(|a, b| a.key.cmp(&b.key));
+    let entries = sorted_entries(tensors);
     let refs: Vec<&TensorEntry<'_>> = entries.iter().collect();
     let mut out = Vec::new();
     encode_entries(&mut out, &refs, ExportDtype::F32, metadata).expect("writing to memory");

@@ -8,33 +8,17 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use burn::backend::Flex;
-use burn::tensor::backend::Backend;
 use dit_models::adapter_files::{DIFFUSERS_LORA_FILE, DIFFUSERS_METADATA_KEY};
 use dit_models::lora::{ADAPTER_CONFIG_FILE, CONTRACT_FILE};
 use dit_models::weights::write_safetensors;
 use dit_models::{
-    AdapterFormat, AlphaSource, Checkpoint, DitError, ImportDropout, LoadOptions,
-    QwenImageTransformer2DModel, read_adapter,
+    AdapterFormat, AlphaSource, Checkpoint, DitError, ImportDropout, QwenImageTransformer2DModel,
+    read_adapter,
 };
 use serde_json::Value;
 use support::*;
 
 type B = Flex;
-
-fn base<B: Backend>() -> QwenImageTransformer2DModel<B> {
-    QwenImageTransformer2DModel::<B>::from_pretrained(
-        fixtures().join("tiny_single"),
-        &Default::default(),
-        LoadOptions::default(),
-    )
-    .unwrap()
-}
-
-fn adapted() -> QwenImageTransformer2DModel<B> {
-    base::<B>()
-        .load_peft_adapter(fixtures().join("tiny_lora"), None)
-        .unwrap()
-}
 
 fn assert_adapted_outputs(model: &QwenImageTransformer2DModel<B>, what: &str) {
     let dev = Default::default();
@@ -51,7 +35,7 @@ fn assert_adapted_outputs(model: &QwenImageTransformer2DModel<B>, what: &str) {
 #[test]
 fn diffusers_lora_round_trips_at_the_trained_scale() {
     let dir = tempfile::tempdir().unwrap();
-    let mut model = adapted();
+    let mut model = adapted::<B>();
     let contract = model.save_diffusers_lora(dir.path()).unwrap();
     let file = dir.path().join(DIFFUSERS_LORA_FILE);
     let ckpt = Checkpoint::open(&file).unwrap();
@@ -117,7 +101,7 @@ fn without_metadata(from: &Path, to: &Path) {
 #[test]
 fn diffusers_lora_without_metadata_loads_at_scale_one_and_says_so() {
     let dir = tempfile::tempdir().unwrap();
-    adapted()
+    adapted::<B>()
         .save_diffusers_lora(dir.path().join("with"))
         .unwrap();
     std::fs::create_dir_all(dir.path().join("without")).unwrap();
@@ -233,7 +217,7 @@ fn paths_that_hold_no_adapter_and_foreign_layouts_are_refused() {
 #[test]
 fn a_contract_beside_a_diffusers_file_is_checked_against_the_base() {
     let dir = tempfile::tempdir().unwrap();
-    adapted().save_diffusers_lora(dir.path()).unwrap();
+    adapted::<B>().save_diffusers_lora(dir.path()).unwrap();
     let path = dir.path().join(CONTRACT_FILE);
     let mut v: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     v["base_model_hash"] = "0000".into();

@@ -13,11 +13,7 @@ mod support;
 use std::path::Path;
 
 use burn::backend::Flex;
-use burn::tensor::backend::Backend;
-use dit_models::{
-    AlphaSource, DitError, ExportDtype, ExportOptions, ImportDropout, LoadOptions,
-    QwenImageTransformer2DModel,
-};
+use dit_models::{AlphaSource, DitError, ImportDropout, QwenImageTransformer2DModel};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use support::*;
@@ -26,15 +22,6 @@ type B = Flex;
 
 fn interop() -> std::path::PathBuf {
     fixtures().join("interop")
-}
-
-fn base<B: Backend>() -> QwenImageTransformer2DModel<B> {
-    QwenImageTransformer2DModel::<B>::from_pretrained(
-        fixtures().join("tiny_single"),
-        &Default::default(),
-        LoadOptions::default(),
-    )
-    .unwrap()
 }
 
 fn json(path: &Path) -> Value {
@@ -127,23 +114,7 @@ fn exports_are_the_verified_bytes() {
     }
     // the same exports as `lora.rs`'s `export_for_python_check`
     let dir = tempfile::tempdir().unwrap();
-    let mut model = base::<B>()
-        .load_peft_adapter(fixtures().join("tiny_lora"), None)
-        .unwrap();
-    model.save_peft_adapter(dir.path().join("peft")).unwrap();
-    model
-        .save_diffusers_lora(dir.path().join("diffusers_lora"))
-        .unwrap();
-    model
-        .save_merged_diffusers(dir.path().join("merged"), ExportOptions::default())
-        .unwrap();
-    let sharded = ExportOptions {
-        dtype: ExportDtype::Bf16,
-        max_shard_bytes: Some(40_000),
-    };
-    model
-        .save_merged_diffusers(dir.path().join("merged_sharded_bf16"), sharded)
-        .unwrap();
+    export_all(&mut adapted::<B>(), dir.path());
     let files = verified["files"].as_object().unwrap();
     let mut written = Vec::new();
     for form in ["peft", "diffusers_lora", "merged", "merged_sharded_bf16"] {

@@ -17,24 +17,9 @@ use support::*;
 
 type B = Flex;
 
-fn base<B: Backend>() -> QwenImageTransformer2DModel<B> {
-    QwenImageTransformer2DModel::<B>::from_pretrained(
-        fixtures().join("tiny_single"),
-        &Default::default(),
-        LoadOptions::default(),
-    )
-    .unwrap()
-}
-
-fn adapted() -> QwenImageTransformer2DModel<B> {
-    base::<B>()
-        .load_peft_adapter(fixtures().join("tiny_lora"), None)
-        .unwrap()
-}
-
 #[test]
 fn peft_adapter_reproduces_peft_outputs() {
-    let model = adapted();
+    let model = adapted::<B>();
     assert_eq!(model.adapted_modules().len(), 16, "8 targets x 2 blocks");
     let cfg = model.lora_config().unwrap();
     assert_eq!((cfg.rank, cfg.alpha, cfg.scale()), (4, 8.0, 2.0));
@@ -61,7 +46,7 @@ fn peft_adapter_reproduces_peft_outputs() {
 fn merge_and_unmerge_round_trip() {
     let dev = Default::default();
     let c = case("nonsquare");
-    let model = adapted();
+    let model = adapted::<B>();
     let before = model.forward(input::<B>(&c, &dev));
     let w0 = model.transformer_blocks[0].attn.to_q.weight.val();
     let merged = model.merge_adapters();
@@ -197,7 +182,9 @@ fn lora_errors_are_typed() {
         matches!(&err, DitError::LoraTargetsUnmatched { targets } if targets == &["attn.to_qq", "q"]),
         "{err}"
     );
-    let err = adapted().attach_lora(&LoraConfig::new(4, 8.0)).unwrap_err();
+    let err = adapted::<B>()
+        .attach_lora(&LoraConfig::new(4, 8.0))
+        .unwrap_err();
     assert!(matches!(err, DitError::AdapterAlreadyAttached));
     let err = base::<B>()
         .save_peft_adapter(tempfile::tempdir().unwrap().path())
@@ -243,25 +230,10 @@ fn edit_json(path: &std::path::Path, f: impl FnOnce(&mut Value)) {
     std::fs::write(path, serde_json::to_string_pretty(&v).unwrap()).unwrap();
 }
 
-/// Writes the Rust exports to `dir`: `peft/` (the PEFT adapter), `diffusers_lora/` (the
-/// diffusers LoRA file), `merged/` (diffusers, f32, one file) and `merged_sharded_bf16/`
-/// (diffusers, bf16 shards plus index).
+/// Every export form of the adapted fixture model under `dir` (see [`export_all`]).
 fn export(dir: &std::path::Path) -> (QwenImageTransformer2DModel<B>, AdapterContract) {
-    let mut model = adapted();
-    let contract = model.save_peft_adapter(dir.join("peft")).unwrap();
-    model
-        .save_diffusers_lora(dir.join("diffusers_lora"))
-        .unwrap();
-    model
-        .save_merged_diffusers(dir.join("merged"), ExportOptions::default())
-        .unwrap();
-    let sharded = ExportOptions {
-        dtype: ExportDtype::Bf16,
-        max_shard_bytes: Some(40_000),
-    };
-    model
-        .save_merged_diffusers(dir.join("merged_sharded_bf16"), sharded)
-        .unwrap();
+    let mut model = adapted::<B>();
+    let contract = export_all(&mut model, dir);
     (model, contract)
 }
 
@@ -483,7 +455,7 @@ fn velocities<B: Backend, M: VelocityModel<B, Conditioning = QwenImageConditioni
 
 #[test]
 fn velocity_trait_serves_policy_and_reference() {
-    let model = adapted();
+    let model = adapted::<B>();
     let c = case("text_mask");
     check(
         "policy",
@@ -523,7 +495,7 @@ fn export_for_python_check() {
 #[test]
 fn merged_export_can_be_sharded_bf16() {
     let dir = tempfile::tempdir().unwrap();
-    let model = adapted();
+    let model = adapted::<B>();
     model
         .save_merged_diffusers(dir.path().join("f32"), ExportOptions::default())
         .unwrap();

@@ -7,7 +7,10 @@ use std::path::{Path, PathBuf};
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{Bool, Tensor, TensorData};
-use dit_models::{ImageShape, QwenImageInput};
+use dit_models::{
+    AdapterContract, ExportDtype, ExportOptions, ImageShape, LoadOptions, QwenImageInput,
+    QwenImageTransformer2DModel,
+};
 use serde_json::Value;
 
 /// Max-abs tolerance of every parity comparison against diffusers / PEFT (f32).
@@ -179,4 +182,46 @@ fn max_abs_err_fails_on_nan_in_either_input() {
     let inf = [f32::INFINITY; 3];
     assert!(!passes(max_abs_err(&inf, &inf)), "inf - inf must not pass");
     assert!(worse(0.5, f64::NAN).is_nan() && worse(f64::NAN, 0.5).is_nan());
+}
+
+/// The fixture's tiny base transformer (`tiny_single/`, saved by diffusers).
+pub fn base<B: Backend>() -> QwenImageTransformer2DModel<B> {
+    QwenImageTransformer2DModel::<B>::from_pretrained(
+        fixtures().join("tiny_single"),
+        &Default::default(),
+        LoadOptions::default(),
+    )
+    .unwrap()
+}
+
+/// The base with the fixture's PEFT adapter (`tiny_lora/`, saved by PEFT).
+pub fn adapted<B: Backend>() -> QwenImageTransformer2DModel<B> {
+    base::<B>()
+        .load_peft_adapter(fixtures().join("tiny_lora"), None)
+        .unwrap()
+}
+
+/// Writes every export form of `model` under `dir`: `peft/` (the PEFT adapter),
+/// `diffusers_lora/` (the diffusers LoRA file), `merged/` (diffusers, f32, one file) and
+/// `merged_sharded_bf16/` (diffusers, bf16 shards of at most 40 kB plus the index) — what
+/// `interop_fixtures.py --verify-export` loads. Returns the adapter contract.
+pub fn export_all<B: Backend>(
+    model: &mut QwenImageTransformer2DModel<B>,
+    dir: &Path,
+) -> AdapterContract {
+    let contract = model.save_peft_adapter(dir.join("peft")).unwrap();
+    model
+        .save_diffusers_lora(dir.join("diffusers_lora"))
+        .unwrap();
+    model
+        .save_merged_diffusers(dir.join("merged"), ExportOptions::default())
+        .unwrap();
+    let sharded = ExportOptions {
+        dtype: ExportDtype::Bf16,
+        max_shard_bytes: Some(40_000),
+    };
+    model
+        .save_merged_diffusers(dir.join("merged_sharded_bf16"), sharded)
+        .unwrap();
+    contract
 }

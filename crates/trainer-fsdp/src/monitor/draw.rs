@@ -133,21 +133,27 @@ fn line(img: &mut RgbImage, (x0, y0): (i64, i64), (x1, y1): (i64, i64), c: Rgb, 
     }
 }
 
+/// The set pixels `(column, row)` of a character's 8x8 glyph; characters outside ASCII are
+/// drawn as `?`.
+fn glyph_dots(ch: char) -> impl Iterator<Item = (i64, i64)> {
+    let code = if ch.is_ascii() {
+        ch as usize
+    } else {
+        b'?' as usize
+    };
+    let glyph = font8x8::legacy::BASIC_LEGACY[code];
+    (0..8).flat_map(move |row| {
+        (0..8)
+            .filter(move |col| glyph[row] & (1 << col) != 0)
+            .map(move |col| (col as i64, row as i64))
+    })
+}
+
 /// Draws `text` with its top-left corner at `(x, y)`; characters outside ASCII print as `?`.
 fn text(img: &mut RgbImage, x: i64, y: i64, s: &str, c: Rgb) {
     for (i, ch) in s.chars().enumerate() {
-        let code = if ch.is_ascii() {
-            ch as usize
-        } else {
-            b'?' as usize
-        };
-        let glyph = font8x8::legacy::BASIC_LEGACY[code];
-        for (row, bits) in glyph.iter().enumerate() {
-            for col in 0..8 {
-                if bits & (1 << col) != 0 {
-                    put(img, x + (i as i64) * GLYPH as i64 + col, y + row as i64, c);
-                }
-            }
+        for (col, row) in glyph_dots(ch) {
+            put(img, x + (i as i64) * GLYPH as i64 + col, y + row, c);
         }
     }
 }
@@ -156,18 +162,8 @@ fn text(img: &mut RgbImage, x: i64, y: i64, s: &str, c: Rgb) {
 /// starting at the bottom `(x, y)`.
 fn text_up(img: &mut RgbImage, x: i64, y: i64, s: &str, c: Rgb) {
     for (i, ch) in s.chars().enumerate() {
-        let code = if ch.is_ascii() {
-            ch as usize
-        } else {
-            b'?' as usize
-        };
-        let glyph = font8x8::legacy::BASIC_LEGACY[code];
-        for (row, bits) in glyph.iter().enumerate() {
-            for col in 0..8 {
-                if bits & (1 << col) != 0 {
-                    put(img, x + row as i64, y - (i as i64) * GLYPH as i64 - col, c);
-                }
-            }
+        for (col, row) in glyph_dots(ch) {
+            put(img, x + row, y - (i as i64) * GLYPH as i64 - col, c);
         }
     }
 }
