@@ -468,9 +468,9 @@ impl CheckpointStore {
     /// [`CheckpointStore::save`] with `readable` files beside the store's own (the world's
     /// copy of the trainable weights in its model family's format, e.g. a PEFT adapter's
     /// `adapter_model.safetensors` and `adapter_config.json`), written after the weights and
-    /// listed in `COMMITTED` with their hashes like every other file. Resume does not read
-    /// them (it restores the exact bits and parameter ids from `model.mpk`); they are for
-    /// readers outside flowrl.
+    /// listed in `COMMITTED` with their hashes like every other file. They are for readers
+    /// outside flowrl: resume restores the exact bits and parameter ids from `model.mpk`, and
+    /// the run then checks the readable copy against what the restored weights give.
     ///
     /// # Errors
     /// As [`CheckpointStore::save`]; [`TrainerError::Checkpoint`] with

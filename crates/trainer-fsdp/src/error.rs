@@ -621,6 +621,12 @@ pub enum CheckpointProblem {
         /// The name.
         name: String,
     },
+    /// The readable copy of the weights (e.g. `adapter_model.safetensors`) is not what the
+    /// weights resume restored would write.
+    ReadableCopyDiffers {
+        /// The file.
+        name: String,
+    },
     /// There is no `COMMITTED` marker: the write never finished.
     NotCommitted,
     /// A file listed in `COMMITTED` is missing.
@@ -691,6 +697,10 @@ impl fmt::Display for CheckpointProblem {
             CheckpointProblem::ReservedName { name } => write!(
                 f,
                 "readable file {name:?} is named like a checkpoint file of the store's own (or is not a plain file name)"
+            ),
+            CheckpointProblem::ReadableCopyDiffers { name } => write!(
+                f,
+                "{name} differs from the weights restored from model.mpk (the two copies of the checkpoint disagree)"
             ),
             CheckpointProblem::NotCommitted => write!(
                 f,

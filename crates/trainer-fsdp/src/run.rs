@@ -55,7 +55,7 @@ use trajectory::{
 use crate::algorithm::Algorithm;
 use crate::checkpoint::{CheckpointStore, TrainerState};
 use crate::config::{CheckpointFailurePolicy, Preflight, TrainConfig};
-use crate::error::{DrawingProblem, TrainerError, io_err};
+use crate::error::{CheckpointProblem, DrawingProblem, TrainerError, io_err};
 use crate::monitor::{
     Metrics, Monitor, Progress, names, sample_grid, upscale, write_png, write_reward_curve,
 };
@@ -341,6 +341,10 @@ where
                         contract.as_ref(),
                         &device,
                     )
+                    .and_then(|r| {
+                        check_readable_copy(&world, &r.model, &checkpoint.dir)?;
+                        Ok(r)
+                    })
                     .map_err(|cause| TrainerError::ResumeFailed {
                         dir: checkpoint.dir.clone(),
                         older,
@@ -1034,6 +1038,35 @@ where
             other => other,
         }
     }
+}
+
+/// The readable copy of the trainable weights a checkpoint holds ([`World::checkpoint_files`])
+/// against the weights resume restored from `model.mpk`: byte for byte what the restored
+/// policy would write. A checkpoint written before the world had readable files has none and
+/// passes.
+///
+/// # Errors
+/// [`TrainerError::Checkpoint`] with [`CheckpointProblem::ReadableCopyDiffers`], IO errors.
+fn check_readable_copy<B: AutodiffBackend, W: World<B>>(
+    world: &W,
+    model: &W::Policy,
+    dir: &Path,
+) -> Result<(), TrainerError> {
+    for (name, bytes) in world.checkpoint_files(model)? {
+        let path = dir.join(name);
+        match std::fs::read(&path) {
+            Ok(found) if found == bytes => {}
+            Ok(_) => {
+                return Err(TrainerError::Checkpoint {
+                    dir: dir.to_path_buf(),
+                    problem: CheckpointProblem::ReadableCopyDiffers { name: name.into() },
+                });
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io_err(&path, "read")(e)),
+        }
+    }
+    Ok(())
 }
 
 /// Deterministic sampling (the solver on every step) of `world`'s held-out prompts under

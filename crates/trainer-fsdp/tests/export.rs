@@ -376,3 +376,63 @@ fn an_exported_adapter_starts_a_new_run_where_the_old_one_ended() {
         "{msg}"
     );
 }
+
+#[test]
+fn resume_checks_the_readable_copy_against_the_weights_it_restores() {
+    let root = tempfile::tempdir().unwrap();
+    let run_dir = finished_run(root.path());
+    let resume = |extra: &[&str]| {
+        let cfg = tiny_config(
+            root.path(),
+            3,
+            &[&["eval.interval=0", "checkpoint.resume=true"], extra].concat(),
+        );
+        let pre = cfg.preflight().unwrap();
+        let world = trainer_fsdp::shapes_world::ShapesWorld::<burn::backend::Flex>::load(
+            &root.path().join("generator"),
+            &cfg.reward.scorers,
+            &Default::default(),
+        )
+        .unwrap()
+        .with_scorer(Box::new(Brightness));
+        let trainer_fsdp::AlgorithmPlan::FlowGrpo { clip_range } = pre.algorithm.clone();
+        trainer_fsdp::Run::<B, _, _, _>::new(
+            cfg,
+            pre,
+            &run_dir,
+            Default::default(),
+            world,
+            trainer_fsdp::FlowGrpo::new(clip_range),
+            trainer_fsdp::LocalWorkers::new(1),
+        )
+        .map(|_| ())
+    };
+    let allow = ["run.num_rollouts=3"];
+    resume(&allow).unwrap();
+
+    // a readable copy that disagrees with model.mpk (its COMMITTED entry made to match, so
+    // that only the comparison can catch it) is refused
+    let ckpt = root.path().join("ckpt/t2i/iter_0000001");
+    let cfg_path = ckpt.join("adapter_config.json");
+    let edited = std::fs::read_to_string(&cfg_path)
+        .unwrap()
+        .replace("\"r\": 2", "\"r\": 2 ");
+    std::fs::write(&cfg_path, &edited).unwrap();
+    let manifest_path = ckpt.join("COMMITTED");
+    let mut manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&manifest_path).unwrap()).unwrap();
+    for f in manifest["files"].as_array_mut().unwrap() {
+        if f["name"] == "adapter_config.json" {
+            f["bytes"] = edited.len().into();
+            f["xxh3_128"] =
+                format!("{:032x}", xxhash_rust::xxh3::xxh3_128(edited.as_bytes())).into();
+        }
+    }
+    std::fs::write(&manifest_path, manifest.to_string()).unwrap();
+    let err = resume(&allow).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("adapter_config.json differs from the weights restored from model.mpk"),
+        "{err}"
+    );
+}
