@@ -231,28 +231,28 @@ impl TrainConfig {
             if let Some(available) = mem_available() {
                 p.extend(shapes_memory_problems(self, available));
             }
-            let mut files_ok = true;
+            // each prompt file read once: its problems, and the training pool's size
+            let mut train_pool = Some(crate::shapes_world::train_pool_size());
             for (key, path) in [
                 ("data.train", &self.data.train),
                 ("data.eval", &self.data.eval),
             ] {
-                if let Some(path) = path
-                    && let Err(e) = crate::shapes_world::read_prompt_file(path)
-                {
-                    files_ok = false;
-                    p.push(PreflightProblem::Data {
-                        key,
-                        problem: e.to_string(),
-                    });
+                let Some(path) = path else { continue };
+                match crate::shapes_world::read_prompt_file(path) {
+                    Ok(prompts) if key == "data.train" => train_pool = Some(prompts.len()),
+                    Ok(_) => {}
+                    Err(e) => {
+                        if key == "data.train" {
+                            train_pool = None;
+                        }
+                        p.push(PreflightProblem::Data {
+                            key,
+                            problem: e.to_string(),
+                        });
+                    }
                 }
             }
-            let pool = match &self.data.train {
-                None => Some(crate::shapes_world::train_pool_size()),
-                Some(path) if files_ok => crate::shapes_world::read_prompt_file(path)
-                    .ok()
-                    .map(|v| v.len()),
-                Some(_) => None,
-            };
+            let pool = train_pool;
             if let Some(pool) = pool
                 && self.rollout.prompts_per_rollout > pool
             {
