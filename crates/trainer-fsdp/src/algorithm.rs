@@ -16,6 +16,7 @@ use flow_grpo::{
     log_prob_parity,
 };
 
+use crate::config::AnchorSource;
 use crate::error::TrainerError;
 use crate::monitor::{Metrics, names};
 use crate::rollout::{replay, scoped_map};
@@ -79,12 +80,22 @@ pub trait Algorithm<B: AutodiffBackend, W: World<B>>: Sync {
 pub struct FlowGrpo {
     /// The PPO clip range.
     pub clip: ClipRange,
+    /// Where pi_old comes from.
+    pub anchor: AnchorSource,
 }
 
 impl FlowGrpo {
-    /// FlowGRPO with the clip range `clip`.
+    /// FlowGRPO with the clip range `clip` and the replayed anchor ([`AnchorSource::Replay`]).
     pub fn new(clip: ClipRange) -> Self {
-        Self { clip }
+        Self {
+            clip,
+            anchor: AnchorSource::Replay,
+        }
+    }
+
+    /// The same objective with pi_old taken from `anchor`.
+    pub fn with_anchor(self, anchor: AnchorSource) -> Self {
+        Self { anchor, ..self }
     }
 }
 
@@ -126,15 +137,27 @@ impl<B: AutodiffBackend, W: World<B>> Algorithm<B, W> for FlowGrpo {
         Recording::SdeTransitions
     }
 
-    /// The anchor is replayed through the same (autodiff) model and code path the updates
-    /// use, so the first update's ratio is exactly 1; the sampler's own log-probs (a forward
-    /// without autodiff) are compared with it as `train/logp_parity_max_abs`.
+    /// With [`AnchorSource::Replay`] the anchor is replayed through the same (autodiff) model
+    /// and code path the updates use, so the first update's ratio is exactly 1; the sampler's
+    /// own log-probs (a forward without autodiff) are compared with it as
+    /// `train/logp_parity_max_abs`. With [`AnchorSource::Rollout`] the sampler's log-probs
+    /// are the anchor and nothing is replayed here; the parity is then that of the first
+    /// update's samples, `max |ln ratio|` of that update (reported by `rollout_metrics`).
     fn freeze(
         &self,
         ctx: &TrainContext<'_, B, W>,
         policy: &W::Policy,
     ) -> Result<(PolicyAnchor, Metrics), TrainerError> {
         let plan: &UpdatePlan = ctx.plan;
+        if self.anchor == AnchorSource::Rollout {
+            let steps = ctx.batch.trained.len();
+            let mut rollout_lp = Vec::with_capacity(plan.num_samples * steps);
+            for traj in &ctx.batch.trajectories {
+                rollout_lp.extend_from_slice(&traj.tracks.log_probs);
+            }
+            let anchor = PolicyAnchor::from_rollout(&rollout_lp, plan.num_samples, steps)?;
+            return Ok((anchor, Metrics::new()));
+        }
         let mut recorder = AnchorRecorder::new(plan);
         let micro: Vec<Range<usize>> = plan.micro_batches().cloned().collect();
         let threads = ctx.threads.clamp(1, micro.len().max(1));
@@ -191,7 +214,21 @@ impl<B: AutodiffBackend, W: World<B>> Algorithm<B, W> for FlowGrpo {
     }
 
     fn rollout_metrics(&self, updates: &[UpdateReport<ClipDiagnostics>]) -> Metrics {
-        clip_metrics(updates)
+        let mut m = clip_metrics(updates);
+        if self.anchor == AnchorSource::Rollout {
+            // Before the first optimizer step the replay runs under the sampler's weights, so
+            // the first update's ratios measure the parity of its samples.
+            let parity = updates
+                .iter()
+                .find(|u| u.update_index == 0)
+                .map_or(f64::NAN, |u| {
+                    u.micro_batches.iter().fold(0.0, |acc, d| {
+                        nan_max(acc, nan_max(d.ratio_min.ln().abs(), d.ratio_max.ln().abs()))
+                    })
+                });
+            m.insert(names::TRAIN_LOGP_PARITY_MAX_ABS.into(), parity);
+        }
+        m
     }
 }
 

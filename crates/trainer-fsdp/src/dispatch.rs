@@ -126,7 +126,9 @@ fn with_algorithm<B: AutodiffBackend, W: World<B>, J: Job<B>>(
     job: J,
 ) -> Result<J::Output, TrainerError> {
     match &pre.algorithm {
-        AlgorithmPlan::FlowGrpo { clip_range } => job.run(world, FlowGrpo::new(*clip_range)),
+        AlgorithmPlan::FlowGrpo { clip_range, anchor } => {
+            job.run(world, FlowGrpo::new(*clip_range).with_anchor(*anchor))
+        }
     }
 }
 

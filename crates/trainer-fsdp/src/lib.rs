@@ -71,7 +71,7 @@ pub use checkpoint::{
 };
 pub use clip::{CLIP_EPSILON, ClipReport, clip_grad_norm, global_grad_norm};
 pub use config::{
-    AdamWSettings, AdvantageStdMode, AlgorithmPlan, AlgorithmSection, BatchGeometry,
+    AdamWSettings, AdvantageStdMode, AlgorithmPlan, AlgorithmSection, AnchorSource, BatchGeometry,
     CheckpointFailurePolicy, DataSection, FlowGrpoSection, GENERATION_TASKS, LrSchedulerKind,
     MOVED_KEYS, MasterDtype, Override, OverrideProblem, Preflight, PreflightProblem,
     PreflightWarning, ProgressMode, RecipeName, SchedulerSource, ScorerSpec, SdeKind, SolverKind,

@@ -57,6 +57,12 @@ pub const FREE_TO_CHANGE: &[&str] = &[
     "monitor.",
 ];
 
+/// Config keys added after run directories were first written, with the value a resolved
+/// config that predates each one ran with. A stored config without the key is compared as if
+/// it had that value, so a resume of an older run is not refused for a key it could not have
+/// written (and a change away from that value is still a difference).
+pub const ADDED_KEYS: &[(&str, &str, &str)] = &[("algorithm", "anchor", "replay")];
+
 /// Who holds (or held) a run directory's lock.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LockHolder {
@@ -548,11 +554,17 @@ fn stored_differences(
         }
         Err(e) => return Err(io_err(path, "read")(e)),
     };
-    let stored: toml::Value =
+    let mut stored: toml::Value =
         toml::from_str(&text).map_err(|source| TrainerError::ConfigParse {
             origin: path.to_path_buf(),
             source: Box::new(source),
         })?;
+    for (section, key, value) in ADDED_KEYS {
+        if let Some(toml::Value::Table(t)) = stored.get_mut(*section) {
+            t.entry(*key)
+                .or_insert_with(|| toml::Value::String((*value).to_string()));
+        }
+    }
     let new: toml::Value =
         toml::from_str(&cfg.to_toml_string()?).map_err(|source| TrainerError::ConfigParse {
             origin: PathBuf::from("<resolved config>"),

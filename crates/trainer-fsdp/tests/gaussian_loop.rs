@@ -119,6 +119,50 @@ fn the_reward_rises() {
     );
 }
 
+/// With the sampler's log-probs as pi_old (`algorithm.anchor = "rollout"`) nothing is
+/// replayed before the updates, the first update's ratios stay at 1 to float rounding (the
+/// parity it reports), and the reward rises as with the replayed anchor.
+fn the_rollout_anchor_trains_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut run = start(dir.path(), ROLLOUTS, &["algorithm.anchor=\"rollout\""]);
+    let summary = run.run(&StopFlag::new()).unwrap();
+    let (a, b) = (summary.initial_eval.unwrap(), summary.final_eval.unwrap());
+    assert!(
+        b.reward > a.reward + 0.3 && b.reward - a.reward > 10.0 * b.stderr.max(a.stderr),
+        "held-out closeness {:.3} ± {:.3} -> {:.3} ± {:.3} did not rise",
+        a.reward,
+        a.stderr,
+        b.reward,
+        b.stderr
+    );
+    let resolved =
+        std::fs::read_to_string(dir.path().join("run").join("config.resolved.toml")).unwrap();
+    assert!(resolved.contains("anchor = \"rollout\""), "{resolved}");
+    let records = read_jsonl(&dir.path().join("run").join("metrics.jsonl")).unwrap();
+    let parities: Vec<f64> = records
+        .iter()
+        .filter_map(|r| {
+            r.metrics
+                .get(names::TRAIN_LOGP_PARITY_MAX_ABS)
+                .copied()
+                .flatten()
+        })
+        .collect();
+    assert_eq!(parities.len(), ROLLOUTS as usize, "one parity per rollout");
+    let worst = parities.iter().fold(0.0f64, |acc, p| {
+        assert!(p.is_finite(), "parity {p}");
+        acc.max(*p)
+    });
+    assert!(
+        worst < 1e-4,
+        "the first update's ratios left 1 by {worst:e}"
+    );
+    println!(
+        "test the_rollout_anchor_trains_too ... ok (held-out closeness {:.3} -> {:.3}, parity at most {worst:.1e})",
+        a.reward, b.reward
+    );
+}
+
 fn sigkill_and_resume() {
     let start = Instant::now();
     let root = tempfile::tempdir().unwrap();
@@ -242,6 +286,7 @@ fn a_second_process_on_a_locked_directory_is_refused() {
 
 fn parent() {
     the_reward_rises();
+    the_rollout_anchor_trains_too();
     sigkill_and_resume();
     a_second_process_on_a_locked_directory_is_refused();
     kill_before_every_durable_step();

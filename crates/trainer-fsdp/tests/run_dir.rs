@@ -253,6 +253,44 @@ fn an_unchanged_resume_passes_the_config_check() {
 }
 
 #[test]
+fn a_resume_of_a_config_written_before_a_key_existed_compares_its_implied_value() {
+    let root = tempfile::tempdir().unwrap();
+    finished_run(root.path(), 2);
+    // a run directory from before `algorithm.anchor`: the key is absent from its config
+    let resolved = run_dir(root.path()).join("config.resolved.toml");
+    let text = std::fs::read_to_string(&resolved).unwrap();
+    let older = text.replace("anchor = \"replay\"\n", "");
+    assert_ne!(older, text, "the resolved config names its anchor");
+    std::fs::write(&resolved, older).unwrap();
+    // it ran with the replayed anchor: resuming with it is no change ...
+    let run = try_start(
+        root.path(),
+        4,
+        &["eval.interval=0", "checkpoint.resume=true"],
+    )
+    .unwrap();
+    assert_eq!(run.next_rollout(), 2);
+    drop(run);
+    // ... and resuming with the other one is
+    let Err(err) = try_start(
+        root.path(),
+        4,
+        &[
+            "eval.interval=0",
+            "checkpoint.resume=true",
+            "algorithm.anchor=\"rollout\"",
+        ],
+    ) else {
+        panic!("a resume that changed the anchor started");
+    };
+    assert!(
+        err.to_string()
+            .contains("algorithm.anchor: \"replay\" -> \"rollout\""),
+        "{err}"
+    );
+}
+
+#[test]
 fn a_bad_metrics_line_is_reported_before_the_first_rollout() {
     let root = tempfile::tempdir().unwrap();
     finished_run(root.path(), 2);

@@ -16,7 +16,8 @@
 //!              num_sde_steps, sde_timestep_fraction (pool, indices and fraction optional)
 //! [rollout]    prompts_per_rollout, group_size, num_updates_per_batch, micro_batch_size
 //! [algorithm]  kind = "flow_grpo", and the variant's keys — FlowGRPO: eps_clip,
-//!              eps_clip_high (optional), advantage_std_mode, kl_coef
+//!              eps_clip_high (optional), advantage_std_mode, kl_coef, anchor ("replay" |
+//!              "rollout", optional)
 //! [optimizer]  lr, weight_decay, adam_beta1, adam_beta2, adam_eps, clip_grad,
 //!              lr_warmup_iters, lr_scheduler, min_lr, lr_decay_iters (optional)
 //! [reward]     scorers, required_components, component_weights
@@ -488,6 +489,27 @@ pub struct FlowGrpoSection {
     pub advantage_std_mode: AdvantageStdMode,
     /// KL-to-reference coefficient; must be 0 (no reference model yet).
     pub kl_coef: f64,
+    /// Where the pi_old log-probs come from (`"replay"` when absent).
+    #[serde(default)]
+    pub anchor: AnchorSource,
+}
+
+/// `[algorithm] anchor`: the pi_old log-probs the clipped ratio is taken against.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AnchorSource {
+    /// Seed 002's explicit anchor: every trained step is replayed through the autodiff model
+    /// under the weights before the first optimizer step, so the first update's ratio is
+    /// exactly 1; the sampler's own log-probs are compared with it
+    /// (`train/logp_parity_max_abs`). Costs one forward of every trained transition.
+    #[default]
+    Replay,
+    /// The sampler's own log-probs, stored with the trajectory (flow_grpo's `old_log_prob`):
+    /// no replay, so a rollout's training costs only its updates. The first update's ratio
+    /// is 1 up to the difference between the sampler's forward and the autodiff one (about
+    /// 1e-7 in log-prob on the shapes world); `train/logp_parity_max_abs` is then measured on
+    /// the first update's samples, as its largest `|ln ratio|`.
+    Rollout,
 }
 
 /// Where each key of the former `[grpo]` section went; a config that still uses one is

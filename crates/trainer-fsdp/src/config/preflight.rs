@@ -299,7 +299,10 @@ impl TrainConfig {
                 sde,
                 batch,
                 update_plan,
-                algorithm: AlgorithmPlan::FlowGrpo { clip_range },
+                algorithm: AlgorithmPlan::FlowGrpo {
+                    clip_range,
+                    anchor: algo.anchor,
+                },
                 advantages,
                 lr: LrSchedule::new(
                     o.lr,
@@ -747,6 +750,8 @@ pub enum AlgorithmPlan {
     FlowGrpo {
         /// The PPO clip range.
         clip_range: ClipRange,
+        /// Where pi_old comes from.
+        anchor: AnchorSource,
     },
 }
 

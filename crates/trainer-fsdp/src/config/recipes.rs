@@ -80,6 +80,7 @@ impl TrainConfig {
                 eps_clip_high: None,
                 advantage_std_mode: AdvantageStdMode::Group,
                 kl_coef: 0.0,
+                anchor: AnchorSource::Replay,
             }),
             optimizer: OptimizerSection {
                 lr: 3e-4,

@@ -39,7 +39,7 @@ fn the_recipes_pass_preflight_without_warnings() {
     };
     assert_eq!((lora.rank, lora.alpha, lora.dropout), (64, 128.0, 0.0));
     assert_eq!(lora.target_modules.len(), 8);
-    let AlgorithmPlan::FlowGrpo { clip_range } = &p.algorithm;
+    let AlgorithmPlan::FlowGrpo { clip_range, .. } = &p.algorithm;
     assert_eq!(clip_range.low(), 1e-4);
     assert_eq!(p.lr.lr_at_step(0), 3e-4);
     assert_eq!(p.advantages.std_mode, StdMode::Group);

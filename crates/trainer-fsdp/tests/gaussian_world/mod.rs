@@ -443,7 +443,7 @@ fn build_in(
     run_dir: &Path,
     world: GaussianWorld,
 ) -> Result<GaussianRun, TrainerError> {
-    let trainer_fsdp::AlgorithmPlan::FlowGrpo { clip_range } = pre.algorithm.clone();
+    let trainer_fsdp::AlgorithmPlan::FlowGrpo { clip_range, anchor } = pre.algorithm.clone();
     let workers = LocalWorkers::new(cfg.run.threads());
     Run::new(
         cfg,
@@ -451,7 +451,7 @@ fn build_in(
         run_dir,
         Default::default(),
         world,
-        FlowGrpo::new(clip_range),
+        FlowGrpo::new(clip_range).with_anchor(anchor),
         workers,
     )
 }
