@@ -59,7 +59,7 @@ pub enum FlowGrpoError {
 
     /// A PPO clip range is invalid.
     #[error(
-        "invalid clip range: ratio band [1 - {low}, 1 + {high}]; expected 0 < low < 1 and 0 < high, both finite"
+        "invalid clip range: ratio band [1 - {low}, 1 + {high}]; expected 0 < low <= 1 and 0 < high, both finite"
     )]
     InvalidClipRange {
         /// The lower epsilon.
@@ -159,6 +159,17 @@ pub enum FlowGrpoError {
         step: usize,
         /// The value.
         value: f64,
+    },
+
+    /// A scalar parameter of an objective is outside its range.
+    #[error("{what} = {given}; expected {allowed}")]
+    InvalidParameter {
+        /// Which parameter.
+        what: &'static str,
+        /// The value given.
+        given: f64,
+        /// What is allowed.
+        allowed: &'static str,
     },
 }
 

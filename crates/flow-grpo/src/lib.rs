@@ -15,6 +15,20 @@
 //! * [`plan_updates`], [`AnchorRecorder`], [`PolicyAnchor`]: disjoint equal updates,
 //!   micro-batches, and the pi_old anchor frozen once before any optimizer step.
 //!
+//! The rest of the family's objectives, as pure functions beside FlowGRPO's (seed 004 lists
+//! where each paper and its released code differ; each module says which it follows):
+//!
+//! * [`awm_log_likelihood`], [`awm_advantages`] (Advantage Weighted Matching: the
+//!   flow-matching loss on clean endpoints as the log-likelihood, into [`grpo_clip_loss`]);
+//! * [`nft_loss`], [`nft_optimality`], [`SoftUpdate`] (DiffusionNFT's implicit positive and
+//!   negative policies);
+//! * [`diffusion_dpo_loss`] (online Diffusion / Flow-DPO on best-worst pairs);
+//! * [`dpok_loss`] (DPOK's clamped ratio);
+//! * [`spo_loss`], [`normalised_difference`] (paired finite differences under SPO's trust
+//!   region);
+//! * [`noised`], [`velocity_target`], [`mean_squared_error`]: the forward process and the
+//!   per-sample errors they share.
+//!
 //! One training round, in order:
 //!
 //! ```
@@ -56,11 +70,17 @@
 #![deny(missing_docs)]
 
 mod advantages;
+mod awm;
+mod dpo;
+mod dpok;
 mod error;
 mod kl;
 mod loss;
+mod matching;
+mod nft;
 mod plan;
 mod replay;
+mod spo;
 mod stats;
 
 pub use advantages::{
@@ -68,11 +88,17 @@ pub use advantages::{
     REFERENCE_ADVANTAGE_CLIP, REFERENCE_DEGENERATE_VARIANCE, RewardComponent, RewardGroup,
     StdEstimator, StdMode, compute_advantages,
 };
+pub use awm::{AwmWeighting, awm_advantages, awm_log_likelihood};
+pub use dpo::{DpoDiagnostics, DpoLoss, diffusion_dpo_loss};
+pub use dpok::dpok_loss;
 pub use error::{ConfigProblem, FlowGrpoError};
 pub use kl::{KlForm, KlTerm, kl_to_reference};
 pub use loss::{ClipDiagnostics, ClipLoss, ClipRange, grpo_clip_loss};
+pub use matching::{mean_squared_error, noised, velocity_target};
+pub use nft::{NftDiagnostics, NftLoss, SoftUpdate, nft_loss, nft_optimality};
 pub use plan::{
     AnchorRecorder, MicroBatching, PlanWarning, PlannedUpdate, PolicyAnchor, UpdatePlan,
     plan_updates,
 };
 pub use replay::{LogProbParity, ReplayStep, ReplayedSteps, log_prob_parity, replay_log_probs};
+pub use spo::{FDFO_NORMALISATION_EPS, SpoDiagnostics, SpoLoss, normalised_difference, spo_loss};

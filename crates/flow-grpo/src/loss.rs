@@ -14,7 +14,8 @@ use crate::stats::{nan_max, nan_min};
 /// assert_eq!((c.lower_bound(), c.upper_bound()), (1.0 - 1e-4, 1.0 + 1e-4));
 /// assert!(ClipRange::asymmetric(0.2, 0.28).is_ok());
 /// assert!(ClipRange::symmetric(0.0).is_err());
-/// assert!(ClipRange::asymmetric(1.0, 0.1).is_err());
+/// assert!(ClipRange::asymmetric(1.0, 1.0).is_ok()); // AWM's released [0, 2]
+/// assert!(ClipRange::asymmetric(1.5, 0.1).is_err());
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ClipRange {
@@ -34,9 +35,10 @@ impl ClipRange {
     /// `[1 - low, 1 + high]` (an asymmetric "clip-higher" band).
     ///
     /// # Errors
-    /// [`FlowGrpoError::InvalidClipRange`] unless `0 < low < 1` and `0 < high`, both finite.
+    /// [`FlowGrpoError::InvalidClipRange`] unless `0 < low <= 1` and `0 < high`, both finite
+    /// (`low = 1`, a lower bound of 0, is AWM's released band `[0, 2]`).
     pub fn asymmetric(low: f64, high: f64) -> Result<Self, FlowGrpoError> {
-        let ok = low.is_finite() && high.is_finite() && low > 0.0 && low < 1.0 && high > 0.0;
+        let ok = low.is_finite() && high.is_finite() && low > 0.0 && low <= 1.0 && high > 0.0;
         if ok {
             Ok(Self { low, high })
         } else {
@@ -171,10 +173,32 @@ pub fn grpo_clip_loss<B: Backend>(
     let per_element = unclipped.max_pair(clipped);
     let loss = per_element.clone().mean();
 
-    let r = host(ratio.clone().detach());
-    let d = host(delta.detach());
-    let a = host(adv.detach());
-    let elements = n * s;
+    let diagnostics = ratio_diagnostics(
+        &host(ratio.clone().detach()),
+        &host(delta.detach()),
+        &host(adv.detach()),
+        s,
+        clip,
+    );
+    Ok(ClipLoss {
+        loss,
+        per_element,
+        ratio: ratio.detach(),
+        diagnostics,
+    })
+}
+
+/// The ratio diagnostics of `[samples, steps]` ratios `r` (row-major) with log-ratios `d` and
+/// per-sample advantages `a`, for PPO's clip (a clipped element loses its gradient only on
+/// the side its advantage pushes toward).
+pub(crate) fn ratio_diagnostics(
+    r: &[f64],
+    d: &[f64],
+    a: &[f64],
+    s: usize,
+    clip: ClipRange,
+) -> ClipDiagnostics {
+    let elements = r.len();
     let m = r.iter().sum::<f64>() / elements as f64;
     let var = r.iter().map(|x| (x - m) * (x - m)).sum::<f64>() / elements as f64;
     let (lo, hi) = (clip.lower_bound(), clip.upper_bound());
@@ -189,7 +213,7 @@ pub fn grpo_clip_loss<B: Backend>(
             no_grad += 1;
         }
     }
-    let diagnostics = ClipDiagnostics {
+    ClipDiagnostics {
         ratio_mean: m,
         ratio_std: var.sqrt(),
         ratio_min: nan_min(r.iter().copied()),
@@ -198,13 +222,7 @@ pub fn grpo_clip_loss<B: Backend>(
         clipped_gradient_fraction: no_grad as f64 / elements as f64,
         approx_kl: 0.5 * d.iter().map(|x| x * x).sum::<f64>() / elements as f64,
         elements,
-    };
-    Ok(ClipLoss {
-        loss,
-        per_element,
-        ratio: ratio.detach(),
-        diagnostics,
-    })
+    }
 }
 
 pub(crate) fn host<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f64> {

@@ -154,7 +154,8 @@ fn clip_loss_checks_its_inputs() {
     ));
     for (lo, hi) in [
         (0.0, 0.1),
-        (1.0, 0.1),
+        (1.5, 0.1),
+        (1.0 + 1e-9, 0.1),
         (0.1, 0.0),
         (f64::NAN, 0.1),
         (0.1, f64::INFINITY),
