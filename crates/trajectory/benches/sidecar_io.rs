@@ -76,6 +76,7 @@ fn qwen_image_group() -> Trajectory {
             )
             .unwrap(),
             log_probs: vec![-1.5; g * 3],
+            endpoint: None,
         },
     }
 }

@@ -57,6 +57,7 @@
 //!     tracks: Tracks {
 //!         latents: StoredTensor::from_f32("latents", &latents, vec![2, 3, 4], storage)?,
 //!         log_probs: vec![-1.25, -1.5, -0.75, -2.0],
+//!         endpoint: None,
 //!     },
 //! };
 //!

@@ -130,6 +130,10 @@ pub struct Tracks {
     /// The sampler's log-probs, `[candidates, trained steps]` row-major (`f32`, the references'
     /// mean-over-elements reduction).
     pub log_probs: Vec<f32>,
+    /// The clean endpoint `x0` of every candidate, `[candidates, ...latent]` at the record's
+    /// storage precision, for objectives that train on the forward process (AWM,
+    /// DiffusionNFT); `None` when the trainer does not need it. Stored as `tracks.endpoint`.
+    pub endpoint: Option<StoredTensor>,
 }
 
 impl Tracks {
@@ -219,6 +223,44 @@ impl Tracks {
         Ok(Self {
             latents,
             log_probs: lp,
+            endpoint: None,
+        })
+    }
+
+    /// The same tracks with the candidates' clean endpoints `x0`, `[candidates, ...latent]`,
+    /// rounded to `storage` here (the endpoint is the sampler's output, not a stored input).
+    ///
+    /// # Errors
+    /// [`TrajectoryError::NonFinite`], [`TrajectoryError::InvalidRecord`] for a shape that is
+    /// not the latents' `[candidates, ...latent]`.
+    pub fn with_endpoint<B: Backend, const D: usize>(
+        self,
+        endpoint: Tensor<B, D>,
+        storage: StorageDtype,
+    ) -> Result<Self, TrajectoryError> {
+        let dims = endpoint.dims().to_vec();
+        let mut expected = vec![self.latents.shape()[0]];
+        expected.extend_from_slice(self.latent_shape());
+        if dims != expected {
+            return Err(TrajectoryError::InvalidRecord {
+                path: None,
+                problem: RecordProblem::Shape {
+                    field: "tracks.endpoint",
+                    shape: dims,
+                    expected: format!("{expected:?}"),
+                },
+            });
+        }
+        let rounded = storage
+            .round_trip(endpoint)
+            .into_data()
+            .convert::<f32>()
+            .into_vec::<f32>()
+            .expect("converted to f32");
+        let stored = StoredTensor::from_f32("tracks.endpoint", &rounded, dims, storage)?;
+        Ok(Self {
+            endpoint: Some(stored),
+            ..self
         })
     }
 }
@@ -380,6 +422,23 @@ impl Trajectory {
                 step: i % s,
                 value: t.log_probs[i],
             }));
+        }
+        if let Some(e) = &t.endpoint {
+            let mut expected = vec![g];
+            expected.extend_from_slice(t.latent_shape());
+            if e.shape() != expected.as_slice() {
+                return Err(problem(RecordProblem::Shape {
+                    field: "tracks.endpoint",
+                    shape: e.shape().to_vec(),
+                    expected: format!("{expected:?}"),
+                }));
+            }
+            if e.storage() != c.storage {
+                return Err(problem(RecordProblem::LatentPrecision {
+                    storage: c.storage,
+                    latents: e.storage(),
+                }));
+            }
         }
 
         let cond = &self.conditions;

@@ -28,6 +28,7 @@
 //! | `conditions.extra.<name>` | F32 / BF16 / F16 | any |
 //! | `tracks.latents` | `storage_dtype` | `[G, L, ...latent]` |
 //! | `tracks.log_probs` | F32 | `[G, S]` |
+//! | `tracks.endpoint` (optional) | `storage_dtype` | `[G, ...latent]` |
 //!
 //! # Durability
 //!
@@ -82,6 +83,8 @@ pub mod keys {
     pub const LATENTS: &str = "tracks.latents";
     /// `tracks.log_probs`
     pub const LOG_PROBS: &str = "tracks.log_probs";
+    /// `tracks.endpoint` (optional: the candidates' clean endpoints)
+    pub const ENDPOINT: &str = "tracks.endpoint";
 
     /// Every fixed tensor key.
     pub const TENSORS: [&str; 11] = [
@@ -336,6 +339,14 @@ fn encode_for(traj: &Trajectory, path: &Path) -> Result<Vec<u8>, TrajectoryError
         vec![g, c.sde_indices.len()],
         f32s(&tr.log_probs).into(),
     );
+    if let Some(e) = &tr.endpoint {
+        add(
+            keys::ENDPOINT.into(),
+            storage_dtype(e.storage()),
+            e.shape().to_vec(),
+            e.bytes().into(),
+        );
+    }
 
     let sample_ids: Vec<&str> = c.candidates.iter().map(|x| x.sample_id.as_str()).collect();
     let sample_ids = serde_json::to_string(&sample_ids).expect("strings serialise");
@@ -547,7 +558,7 @@ pub fn decode(bytes: &[u8], path: &Path) -> Result<Trajectory, TrajectoryError> 
         }
     }
     for name in &names {
-        let fixed = keys::TENSORS.contains(&name.as_str());
+        let fixed = keys::TENSORS.contains(&name.as_str()) || name.as_str() == keys::ENDPOINT;
         let extra = name
             .strip_prefix(keys::EXTRA_PREFIX)
             .is_some_and(is_simple_name);
@@ -629,6 +640,9 @@ pub fn decode(bytes: &[u8], path: &Path) -> Result<Trajectory, TrajectoryError> 
     }
     check_dtype(keys::LOG_PROBS, &[Dtype::F32])?;
     exact(keys::LOG_PROBS, &[g, s])?;
+    if infos.contains_key(keys::ENDPOINT) {
+        check_dtype(keys::ENDPOINT, &[storage_dtype(storage)])?;
+    }
     let extra_names: Vec<&String> = names
         .iter()
         .copied()
@@ -775,6 +789,11 @@ pub fn decode(bytes: &[u8], path: &Path) -> Result<Trajectory, TrajectoryError> 
         tracks: Tracks {
             latents: stored(keys::LATENTS)?,
             log_probs: read_f32(keys::LOG_PROBS),
+            endpoint: if infos.contains_key(keys::ENDPOINT) {
+                Some(stored(keys::ENDPOINT)?)
+            } else {
+                None
+            },
         },
     };
     let expected_steps = traj.common.latent_steps();

@@ -238,6 +238,25 @@ fn invalid_records_are_not_written() {
             "mask length",
             Box::new(|t| t.conditions.text_mask.push(true)),
         ),
+        (
+            "endpoint shape",
+            Box::new(|t| {
+                let st = t.tracks.latents.storage();
+                t.tracks.endpoint =
+                    Some(StoredTensor::from_f32("e", &[0.5], vec![1, 1], st).unwrap());
+            }),
+        ),
+        (
+            "endpoint precision",
+            Box::new(|t| {
+                let mut shape = vec![t.num_candidates()];
+                shape.extend_from_slice(t.tracks.latent_shape());
+                let n = shape.iter().product();
+                t.tracks.endpoint = Some(
+                    StoredTensor::from_f32("e", &vec![0.5; n], shape, StorageDtype::F32).unwrap(),
+                );
+            }),
+        ),
         ("bad task", Box::new(|t| t.common.task = "../up".into())),
         (
             "empty sample id",
@@ -683,6 +702,7 @@ fn hand_built_record_round_trips() {
             latents: StoredTensor::from_f32("l", &[0.25, -65504.0], vec![1, 2, 1], storage)
                 .unwrap(),
             log_probs: vec![-3.5],
+            endpoint: None,
         },
     };
     let back = decode(&encode(&traj).unwrap(), Path::new("m")).unwrap();
@@ -695,4 +715,40 @@ fn hand_built_record_round_trips() {
     assert_eq!(back.latent(0, 2).unwrap(), vec![-65504.0]);
     assert!(back.latent(0, 0).is_err());
     assert!(back.rollout_log_prob(1, 0).is_err());
+}
+
+/// A record can carry its candidates' clean endpoints: `with_endpoint` rounds them to the
+/// storage precision, the sidecar round-trips them bit for bit, and a record without them
+/// reads back without them.
+#[test]
+fn clean_endpoints_round_trip_rounded_to_the_storage_precision() {
+    let traj = small(StorageDtype::Bf16);
+    let mut shape = vec![traj.num_candidates()];
+    shape.extend_from_slice(traj.tracks.latent_shape());
+    let n: usize = shape.iter().product();
+    let values: Vec<f32> = (0..n).map(|i| 1.0 + i as f32 / 1024.0).collect();
+    let x0 =
+        Tensor::<Flex, 1>::from_data(TensorData::new(values.clone(), [n]), &Default::default());
+    let x0 = match shape.len() {
+        3 => x0.reshape([shape[0], shape[1], shape[2]]),
+        _ => panic!("the support records have [tokens, channels] latents: {shape:?}"),
+    };
+    let mut with = traj.clone();
+    with.tracks = with.tracks.with_endpoint(x0, StorageDtype::Bf16).unwrap();
+    let stored = with.tracks.endpoint.clone().unwrap().to_f32();
+    for (s, v) in stored.iter().zip(&values) {
+        assert_eq!(*s, half::bf16::from_f32(*v).to_f32(), "rounded to bf16");
+    }
+    let back = decode(&encode(&with).unwrap(), Path::new("mem")).unwrap();
+    assert_eq!(back, with);
+    let without = decode(&encode(&traj).unwrap(), Path::new("mem")).unwrap();
+    assert!(without.tracks.endpoint.is_none());
+    // a wrong shape is refused when the tracks are built
+    let bad = Tensor::<Flex, 3>::zeros([1, 1, 1], &Default::default());
+    let err = traj
+        .tracks
+        .clone()
+        .with_endpoint(bad, StorageDtype::Bf16)
+        .unwrap_err();
+    assert!(err.to_string().contains("tracks.endpoint"), "{err}");
 }

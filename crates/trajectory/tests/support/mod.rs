@@ -120,6 +120,12 @@ pub fn random_trajectory(seed: u64, storage: StorageDtype) -> Trajectory {
         );
     }
     common.task = ["t2i", "t2i-hq", "edit.v2"][r.range(0, 3)].into();
+    // half the records carry the candidates' clean endpoints
+    let endpoint = r.next_u64().is_multiple_of(2).then(|| {
+        let mut shape = vec![g];
+        shape.extend_from_slice(&latent_shape);
+        StoredTensor::from_f32("endpoint", &r.values(g * per, storage), shape, storage).unwrap()
+    });
     Trajectory {
         common,
         conditions: Conditions {
@@ -133,6 +139,7 @@ pub fn random_trajectory(seed: u64, storage: StorageDtype) -> Trajectory {
         tracks: Tracks {
             latents: StoredTensor::from_f32("latents", &latents, shape, storage).unwrap(),
             log_probs,
+            endpoint,
         },
     }
 }
