@@ -14,6 +14,7 @@
 //! cargo run --release --example qwen_image_t2i_lora -- --resume        # continue the last run
 //! cargo run --release --example qwen_image_t2i_lora -- --overwrite     # start again, the old run moved aside
 //! cargo run --release --example qwen_image_t2i_lora -- --seeds 5       # the default over 5 seeds, a table
+//! cargo run --release --example qwen_image_t2i_lora -- --algorithm awm # AWM instead of FlowGRPO
 //! cargo run --release --features cuda --example qwen_image_t2i_lora -- \
 //!     --recipe qwen_image_t2i_lora --model-path models/Qwen-Image --reward-model-path models/PickScore_v1 --backend cuda
 //! ```
@@ -66,6 +67,10 @@ struct Args {
     /// `key=value` overrides with dotted keys, applied last (repeatable).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     overrides: Vec<String>,
+    /// The RL objective: `flow_grpo` (the recipes' own `[algorithm]`) or `awm` (Advantage
+    /// Weighted Matching with its defaults; `--set algorithm.<key>=...` still applies after it).
+    #[arg(long, value_name = "NAME")]
+    algorithm: Option<String>,
     /// A diffusers Qwen-Image directory (trains the real model instead of the shapes world).
     #[arg(long)]
     model_path: Option<PathBuf>,
@@ -116,6 +121,11 @@ fn main() -> Result<()> {
     if let Some(dir) = &args.run_dir {
         overrides.extend(run_dir_overrides(dir)?);
     }
+    match args.algorithm.as_deref() {
+        None | Some("flow_grpo") => {}
+        Some("awm") => overrides.push(Override::parse("algorithm={ kind = \"awm\" }")?),
+        Some(other) => bail!("--algorithm {other}: expected flow_grpo or awm"),
+    }
     overrides.extend(Override::parse_all(&args.overrides)?);
     if args.resume || args.resume_from.is_some() {
         overrides.push(Override::parse("checkpoint.resume=true")?);
@@ -133,6 +143,13 @@ fn main() -> Result<()> {
         Some(path) => TrainConfig::from_file(path, &overrides)?,
         None => TrainConfig::from_recipe(RecipeName::parse(&args.recipe)?, &overrides)?,
     };
+    if args.algorithm.as_deref() == Some("flow_grpo") && cfg.algorithm.kind() != "flow_grpo" {
+        bail!(
+            "--algorithm flow_grpo, but the config's [algorithm] is {:?}: FlowGRPO's keys \
+             (eps_clip, advantage_std_mode, kl_coef) have no defaults; write them in the config",
+            cfg.algorithm.kind()
+        );
+    }
     if let Some(model_path) = &args.model_path {
         cfg.model.generator = GeneratorSource::QwenImage {
             model_path: model_path.clone(),

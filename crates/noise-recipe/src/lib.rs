@@ -47,5 +47,5 @@ mod torch;
 pub use error::NoiseError;
 pub use recipe::{HostLatents, NoiseAlgorithm, NoiseRecipe, resolve_initial_noise};
 pub use sample_id::{PromptMeta, SampleId, SampleIdMode};
-pub use step_noise::{DenoiseSeeds, StepNoise};
+pub use step_noise::{DenoiseSeeds, StepNoise, forward_noise};
 pub use torch::{TorchCpuKernel, TorchGenerator};

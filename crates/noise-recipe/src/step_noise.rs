@@ -10,6 +10,7 @@ use crate::sample_id::SampleId;
 
 const DOMAIN_SEED: u64 = fnv1a64(b"flowrl/noise-recipe/denoise-seed/v1");
 const DOMAIN_STEP: u64 = fnv1a64(b"flowrl/noise-recipe/step-noise/v1");
+const DOMAIN_FORWARD: u64 = fnv1a64(b"flowrl/noise-recipe/forward-noise/v1");
 
 /// Where the per-step SDE noise of a request comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -108,4 +109,27 @@ impl DenoiseSeeds {
         native::fill_normals(&mut rng, &mut out);
         out
     }
+}
+
+/// The standard-normal noise an objective on the forward process noises candidate `seed`'s
+/// clean endpoint with at training draw `index` (`x_σ = (1 - σ) x0 + σ ε`), for one latent of
+/// `latent_shape` (row-major `f32`). `seed` is the candidate's per-step-noise seed
+/// ([`DenoiseSeeds::seeds`], stored with its trajectory as the seed hash); the draw is
+/// independent of the sampler's step noise (its own domain), the same for every replay of the
+/// same `(seed, index)`, so the current and the frozen policy see one noise.
+///
+/// ```
+/// use noise_recipe::forward_noise;
+/// let a = forward_noise(7, 3, &[2, 4]);
+/// assert_eq!(a.len(), 8);
+/// assert_eq!(a, forward_noise(7, 3, &[2, 4]));
+/// assert_ne!(a, forward_noise(7, 4, &[2, 4]));
+/// assert_ne!(a, forward_noise(8, 3, &[2, 4]));
+/// ```
+pub fn forward_noise(seed: u64, index: u64, latent_shape: &[usize]) -> Vec<f32> {
+    let numel: usize = latent_shape.iter().product();
+    let mut rng = PcgStream::keyed(DOMAIN_FORWARD, &[seed, index]);
+    let mut out = vec![0.0f32; numel];
+    native::fill_normals(&mut rng, &mut out);
+    out
 }

@@ -30,6 +30,9 @@ pub enum Recording {
     /// The trained SDE steps' transitions (`x_k`, `x_{k+1}`) and the sampler's log-probs, at
     /// the storage precision: what a likelihood-ratio objective replays.
     SdeTransitions,
+    /// The same, and every candidate's clean endpoint `x0` (`tracks.endpoint`, at the storage
+    /// precision): what an objective on the forward process trains on.
+    SdeTransitionsAndEndpoints,
 }
 
 /// An RL objective the generic run trains with. See the module docs.

@@ -26,6 +26,7 @@ use std::path::{Path, PathBuf};
 use burn::tensor::backend::AutodiffBackend;
 
 use crate::algorithm::{Algorithm, FlowGrpo};
+use crate::awm::Awm;
 use crate::config::{AlgorithmPlan, GeneratorSource, Preflight, TrainConfig};
 use crate::error::TrainerError;
 use crate::run::{Run, RunSummary};
@@ -129,6 +130,18 @@ fn with_algorithm<B: AutodiffBackend, W: World<B>, J: Job<B>>(
         AlgorithmPlan::FlowGrpo { clip_range, anchor } => {
             job.run(world, FlowGrpo::new(*clip_range).with_anchor(*anchor))
         }
+        AlgorithmPlan::Awm {
+            clip_range,
+            weighting,
+            advantage_limit,
+        } => job.run(
+            world,
+            Awm {
+                clip: *clip_range,
+                weighting: *weighting,
+                advantage_limit: *advantage_limit,
+            },
+        ),
     }
 }
 

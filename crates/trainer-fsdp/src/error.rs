@@ -284,6 +284,33 @@ pub enum TrainerError {
         trajectory: usize,
     },
 
+    /// An objective on the forward process found a trajectory without the clean endpoints it
+    /// trains on (the rollout did not record them).
+    #[error(
+        "rollout {rollout}, group {group}: the trajectory has no clean endpoints (tracks.endpoint), which this objective trains on"
+    )]
+    MissingEndpoint {
+        /// The rollout.
+        rollout: u64,
+        /// The group in the rollout.
+        group: usize,
+    },
+
+    /// A trajectory's clean endpoints do not have the world's latent shape.
+    #[error(
+        "rollout {rollout}, group {group}: clean endpoints of shape {found:?}, expected [candidates, {expected:?}]"
+    )]
+    EndpointShape {
+        /// The rollout.
+        rollout: u64,
+        /// The group in the rollout.
+        group: usize,
+        /// The stored shape.
+        found: Vec<usize>,
+        /// The world's per-candidate latent shape.
+        expected: Vec<usize>,
+    },
+
     /// A JSON file could not be written or parsed.
     #[error("{path} is not valid JSON for {what}")]
     Json {

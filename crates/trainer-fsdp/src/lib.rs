@@ -22,7 +22,8 @@
 //!   rate, skips).
 //! * [`run`]: the one generic RL loop ([`Run`]) — rollout, score, advantages, train,
 //!   evaluate, checkpoint, resume — over three seams: [`world`] ([`World`]: prompts, encoder,
-//!   policy, decoder, scorers), [`algorithm`] ([`Algorithm`]; [`FlowGrpo`] first) and
+//!   policy, decoder, scorers), [`algorithm`] ([`Algorithm`]; [`FlowGrpo`] first, [`Awm`]
+//!   second) and
 //!   [`workers`] ([`Workers`]; [`LocalWorkers`], one process, first).
 //! * [`rollout`]: the sampler (the kernel on the trained steps, a solver elsewhere) and the
 //!   replay of stored steps.
@@ -44,6 +45,7 @@
 #![deny(missing_docs)]
 
 pub mod algorithm;
+pub mod awm;
 pub mod checkpoint;
 pub mod clip;
 pub mod config;
@@ -65,17 +67,18 @@ pub mod workers;
 pub mod world;
 
 pub use algorithm::{Algorithm, FlowGrpo, Recording};
+pub use awm::Awm;
 pub use checkpoint::{
     CheckpointStore, CommittedCheckpoint, CommittedFile, Resume, Resumed, SavedCheckpoint,
     TrainerState, WriteHook, WritePhase,
 };
 pub use clip::{CLIP_EPSILON, ClipReport, clip_grad_norm, global_grad_norm};
 pub use config::{
-    AdamWSettings, AdvantageStdMode, AlgorithmPlan, AlgorithmSection, AnchorSource, BatchGeometry,
-    CheckpointFailurePolicy, DataSection, FlowGrpoSection, GENERATION_TASKS, LrSchedulerKind,
-    MOVED_KEYS, MasterDtype, Override, OverrideProblem, Preflight, PreflightProblem,
-    PreflightWarning, ProgressMode, RecipeName, SchedulerSource, ScorerSpec, SdeKind, SolverKind,
-    StorageKind, TrainConfig, Trainable, TrainableMode,
+    AdamWSettings, AdvantageStdMode, AlgorithmPlan, AlgorithmSection, AnchorSource, AwmSection,
+    AwmWeightingKind, BatchGeometry, CheckpointFailurePolicy, DataSection, FlowGrpoSection,
+    GENERATION_TASKS, LrSchedulerKind, MOVED_KEYS, MasterDtype, Override, OverrideProblem,
+    Preflight, PreflightProblem, PreflightWarning, ProgressMode, RecipeName, SchedulerSource,
+    ScorerSpec, SdeKind, SolverKind, StorageKind, TrainConfig, Trainable, TrainableMode,
 };
 pub use error::{CheckpointProblem, DrawingProblem, TrainerError};
 pub use lr::{LrDecay, LrSchedule, LrScheduler};

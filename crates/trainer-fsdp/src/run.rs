@@ -52,7 +52,7 @@ use trajectory::{
     sampling_fingerprint, write_sidecar,
 };
 
-use crate::algorithm::Algorithm;
+use crate::algorithm::{Algorithm, Recording};
 use crate::checkpoint::{CheckpointStore, TrainerState};
 use crate::config::{CheckpointFailurePolicy, Preflight, TrainConfig};
 use crate::error::{CheckpointProblem, DrawingProblem, TrainerError, io_err};
@@ -583,7 +583,16 @@ where
                         .collect(),
                 },
                 conditions,
-                tracks: Tracks::from_rollout(&latents, &log_probs, self.spec.storage)?,
+                tracks: {
+                    let tracks = Tracks::from_rollout(&latents, &log_probs, self.spec.storage)?;
+                    match self.algorithm.recording() {
+                        Recording::SdeTransitions => tracks,
+                        Recording::SdeTransitionsAndEndpoints => tracks.with_endpoint(
+                            out.final_latents.clone().slice([rows.clone()]),
+                            self.spec.storage,
+                        )?,
+                    }
+                },
             };
             let path = self
                 .layout

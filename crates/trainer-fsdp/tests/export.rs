@@ -395,7 +395,9 @@ fn resume_checks_the_readable_copy_against_the_weights_it_restores() {
         )
         .unwrap()
         .with_scorer(Box::new(Brightness));
-        let trainer_fsdp::AlgorithmPlan::FlowGrpo { clip_range, .. } = pre.algorithm.clone();
+        let trainer_fsdp::AlgorithmPlan::FlowGrpo { clip_range, .. } = pre.algorithm.clone() else {
+            panic!("a FlowGRPO plan")
+        };
         trainer_fsdp::Run::<B, _, _, _>::new(
             cfg,
             pre,

@@ -163,6 +163,71 @@ fn the_rollout_anchor_trains_too() {
     );
 }
 
+/// AWM trains on the rollouts' clean endpoints through the forward process, in the same loop,
+/// with either weighting: the sidecars carry the endpoints, the held-out reward rises and the
+/// offset moves toward the reward's shift.
+fn awm_trains_on_clean_endpoints() {
+    for weighting in ["uniform", "huber"] {
+        let dir = tempfile::tempdir().unwrap();
+        let w = format!("algorithm.weighting=\"{weighting}\"");
+        let mut run = start_awm(dir.path(), ROLLOUTS, &[&w]);
+        let summary = run.run(&StopFlag::new()).unwrap();
+        let (a, b) = (summary.initial_eval.unwrap(), summary.final_eval.unwrap());
+        assert!(
+            b.reward > a.reward + 0.3 && b.reward - a.reward > 10.0 * b.stderr.max(a.stderr),
+            "AWM ({weighting}): held-out closeness {:.3} ± {:.3} -> {:.3} ± {:.3} did not rise",
+            a.reward,
+            a.stderr,
+            b.reward,
+            b.stderr
+        );
+        let d = delta(&run);
+        let mean = d.iter().sum::<f32>() / d.len() as f32;
+        assert!(
+            mean > 0.3,
+            "AWM ({weighting}): the offset did not move: {d:?}"
+        );
+        let records = read_jsonl(&dir.path().join("run").join("metrics.jsonl")).unwrap();
+        let first = records
+            .iter()
+            .find(|r| r.metrics.contains_key(names::TRAIN_RATIO_MAX))
+            .unwrap();
+        assert!(first.metrics[names::TRAIN_OPTIMIZER_STEPS] == Some(2.0));
+        let sidecars: Vec<_> = walk(&dir.path().join("artifacts"))
+            .into_iter()
+            .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
+            .collect();
+        assert!(!sidecars.is_empty());
+        for p in &sidecars {
+            let t = trajectory::read_sidecar(p).unwrap();
+            assert!(
+                t.tracks.endpoint.is_some(),
+                "{} has no endpoints",
+                p.display()
+            );
+        }
+        println!(
+            "test awm_trains_on_clean_endpoints ({weighting}) ... ok (held-out closeness {:.3} ± {:.3} -> {:.3} ± {:.3}, offset mean {mean:.3})",
+            a.reward, a.stderr, b.reward, b.stderr
+        );
+    }
+}
+
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                out.extend(walk(&p));
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
 fn sigkill_and_resume() {
     let start = Instant::now();
     let root = tempfile::tempdir().unwrap();
@@ -287,6 +352,7 @@ fn a_second_process_on_a_locked_directory_is_refused() {
 fn parent() {
     the_reward_rises();
     the_rollout_anchor_trains_too();
+    awm_trains_on_clean_endpoints();
     sigkill_and_resume();
     a_second_process_on_a_locked_directory_is_refused();
     kill_before_every_durable_step();

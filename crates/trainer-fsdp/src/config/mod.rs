@@ -15,9 +15,11 @@
 //!              solver, storage_dtype, sde_resample_per_rollout, sde_pool, sde_indices,
 //!              num_sde_steps, sde_timestep_fraction (pool, indices and fraction optional)
 //! [rollout]    prompts_per_rollout, group_size, num_updates_per_batch, micro_batch_size
-//! [algorithm]  kind = "flow_grpo", and the variant's keys — FlowGRPO: eps_clip,
+//! [algorithm]  kind = "flow_grpo" | "awm", and the variant's keys — FlowGRPO: eps_clip,
 //!              eps_clip_high (optional), advantage_std_mode, kl_coef, anchor ("replay" |
-//!              "rollout", optional)
+//!              "rollout", optional); AWM (all optional): eps_clip, eps_clip_high,
+//!              advantage_std_mode, advantage_limit, weighting ("uniform" | "huber"),
+//!              huber_power
 //! [optimizer]  lr, weight_decay, adam_beta1, adam_beta2, adam_eps, clip_grad,
 //!              lr_warmup_iters, lr_scheduler, min_lr, lr_decay_iters (optional)
 //! [reward]     scorers, required_components, component_weights
@@ -66,8 +68,8 @@ use std::path::{Path, PathBuf};
 
 use dit_models::LoraConfig;
 use flow_grpo::{
-    AdvantageConfig, ClipRange, PlanWarning as UpdatePlanWarning, RewardComponent, StdMode,
-    UpdatePlan, plan_updates,
+    AdvantageConfig, AwmWeighting, ClipRange, PlanWarning as UpdatePlanWarning, RewardComponent,
+    StdMode, UpdatePlan, plan_updates,
 };
 use schedule::{
     ConfiguredPlan, PlanProblem, PlanWarning, Schedule, ScheduleError, SchedulePolicy, SdeType,
@@ -465,6 +467,10 @@ pub enum AlgorithmSection {
     /// `kind = "flow_grpo"`: FlowGRPO's clipped objective over the trained SDE steps'
     /// log-probs against the pi_old anchor ([`crate::FlowGrpo`]).
     FlowGrpo(FlowGrpoSection),
+    /// `kind = "awm"`: Advantage Weighted Matching, the clipped objective over the
+    /// flow-matching surrogate of `log p(x0 | c)` on the rollout's clean endpoints
+    /// ([`crate::Awm`]).
+    Awm(AwmSection),
 }
 
 impl AlgorithmSection {
@@ -472,8 +478,85 @@ impl AlgorithmSection {
     pub fn kind(&self) -> &'static str {
         match self {
             AlgorithmSection::FlowGrpo(_) => "flow_grpo",
+            AlgorithmSection::Awm(_) => "awm",
         }
     }
+
+    /// The std divisor of the group-relative advantages, whichever the objective.
+    pub fn advantage_std_mode(&self) -> AdvantageStdMode {
+        match self {
+            AlgorithmSection::FlowGrpo(a) => a.advantage_std_mode,
+            AlgorithmSection::Awm(a) => a.advantage_std_mode,
+        }
+    }
+}
+
+/// AWM's keys of `[algorithm]`; every key has a default, so `algorithm = { kind = "awm" }`
+/// is a complete section (the paper's uniform weighting, the release's ratio band, global
+/// std and advantage rescaling).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AwmSection {
+    /// The lower clip: the ratio band starts at `1 - eps_clip`, in `(0, 1]` (default 1: the
+    /// release's band `[0, 2]`, which barely clips).
+    #[serde(default = "AwmSection::default_eps_clip")]
+    pub eps_clip: f64,
+    /// Optional asymmetric upper clip (default: `eps_clip`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eps_clip_high: Option<f64>,
+    /// The std divisor of the group-relative advantages (default `batch`: the release's
+    /// global std).
+    #[serde(default = "AwmSection::default_std_mode")]
+    pub advantage_std_mode: AdvantageStdMode,
+    /// The advantages are clipped to `±advantage_limit` and divided by it (default 5, the
+    /// release's).
+    #[serde(default = "AwmSection::default_advantage_limit")]
+    pub advantage_limit: f64,
+    /// How the flow-matching error becomes the log-likelihood surrogate (default `uniform`,
+    /// the paper's; `huber` is the release's generalised Huber).
+    #[serde(default)]
+    pub weighting: AwmWeightingKind,
+    /// The generalised Huber's power, only with `weighting = "huber"` (default there: 0.25).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub huber_power: Option<f64>,
+}
+
+impl AwmSection {
+    fn default_eps_clip() -> f64 {
+        1.0
+    }
+
+    fn default_std_mode() -> AdvantageStdMode {
+        AdvantageStdMode::Batch
+    }
+
+    fn default_advantage_limit() -> f64 {
+        5.0
+    }
+}
+
+impl Default for AwmSection {
+    fn default() -> Self {
+        Self {
+            eps_clip: Self::default_eps_clip(),
+            eps_clip_high: None,
+            advantage_std_mode: Self::default_std_mode(),
+            advantage_limit: Self::default_advantage_limit(),
+            weighting: AwmWeightingKind::default(),
+            huber_power: None,
+        }
+    }
+}
+
+/// `[algorithm] weighting` of AWM.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AwmWeightingKind {
+    /// `log p = -mse` (the paper's `w(t) = 1`).
+    #[default]
+    Uniform,
+    /// `log p = -mse^p * sigma / p` (the release's, `p = huber_power`).
+    Huber,
 }
 
 /// FlowGRPO's keys of `[algorithm]`.
@@ -900,7 +983,7 @@ impl TrainConfig {
         };
         merge(&mut table, file);
         for o in overrides.iter().filter(|o| o.path != ["recipe"]) {
-            o.apply(&mut table)?;
+            apply_override(&mut table, o)?;
         }
         match recipe {
             Some(r) => table.insert("recipe".into(), toml::Value::String(r.as_str().into())),
@@ -953,7 +1036,7 @@ impl TrainConfig {
         check_moved_keys(Path::new("<overrides>"), &toml::Table::new(), overrides)?;
         let mut table = self.to_table()?;
         for o in overrides {
-            o.apply(&mut table)?;
+            apply_override(&mut table, o)?;
         }
         Self::from_table(table, PathBuf::from("<overrides>"))
     }
@@ -1055,7 +1138,20 @@ fn check_moved_keys(
 }
 
 /// Deep-merges `over` into `base`: tables merge key by key, anything else replaces.
-fn merge(base: &mut toml::Table, over: toml::Table) {
+fn merge(base: &mut toml::Table, mut over: toml::Table) {
+    // a section that names another `kind` (another algorithm) replaces the base's whole
+    // section: the base's variant keys are not the new variant's
+    for section in TAGGED_SECTIONS {
+        if let (Some(toml::Value::Table(b)), Some(toml::Value::Table(o))) =
+            (base.get(*section), over.get(*section))
+            && o.get("kind").is_some_and(|k| b.get("kind") != Some(k))
+        {
+            base.insert(
+                (*section).to_string(),
+                over.remove(*section).expect("present"),
+            );
+        }
+    }
     for (k, v) in over {
         match (base.get_mut(&k), v) {
             (Some(toml::Value::Table(b)), toml::Value::Table(o)) => merge(b, o),
@@ -1064,6 +1160,24 @@ fn merge(base: &mut toml::Table, over: toml::Table) {
             }
         }
     }
+}
+
+/// Sections whose `kind` picks a variant with its own keys.
+const TAGGED_SECTIONS: &[&str] = &["algorithm"];
+
+/// Applies `o` to `table`; an override of a tagged section's `kind` to another variant
+/// (`algorithm.kind = "awm"`) starts that section afresh from the variant's defaults, so the
+/// overrides after it set the new variant's keys.
+fn apply_override(table: &mut toml::Table, o: &Override) -> Result<(), TrainerError> {
+    if let [section, key] = o.path.as_slice()
+        && key == "kind"
+        && TAGGED_SECTIONS.contains(&section.as_str())
+        && let Some(toml::Value::Table(t)) = table.get(section.as_str())
+        && t.get("kind") != Some(&o.value)
+    {
+        table.insert(section.clone(), toml::Value::Table(toml::Table::new()));
+    }
+    o.apply(table)
 }
 
 /// The top-level keys of a config.

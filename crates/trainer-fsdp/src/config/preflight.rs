@@ -109,8 +109,7 @@ impl TrainConfig {
             }
         }
         self.check_scorers(&mut p);
-        let AlgorithmSection::FlowGrpo(algo) = &self.algorithm;
-        let std_mode = algo.advantage_std_mode.std_mode();
+        let std_mode = self.algorithm.advantage_std_mode().std_mode();
         let advantages = if p.iter().any(PreflightProblem::is_reward) {
             None
         } else {
@@ -127,12 +126,7 @@ impl TrainConfig {
         let batch = self.check_batch(&mut p, &mut warnings);
 
         // objective
-        let clip_range = check_clip_range(algo, &mut p);
-        if algo.kl_coef != 0.0 {
-            p.push(PreflightProblem::KlNotSupported {
-                given: algo.kl_coef,
-            });
-        }
+        let algorithm = check_algorithm(&self.algorithm, &mut p);
 
         // optimizer
         let o = &self.optimizer;
@@ -277,7 +271,7 @@ impl TrainConfig {
             trainable,
             schedule_and_plan,
             batch,
-            clip_range,
+            algorithm,
             advantages,
             decay,
             adamw,
@@ -287,7 +281,7 @@ impl TrainConfig {
                 Some(trainable),
                 Some((schedule, plan)),
                 Some((batch, update_plan)),
-                Some(clip_range),
+                Some(algorithm),
                 Some(advantages),
                 Some(_),
                 Some(adamw),
@@ -299,10 +293,7 @@ impl TrainConfig {
                 sde,
                 batch,
                 update_plan,
-                algorithm: AlgorithmPlan::FlowGrpo {
-                    clip_range,
-                    anchor: algo.anchor,
-                },
+                algorithm,
                 advantages,
                 lr: LrSchedule::new(
                     o.lr,
@@ -564,18 +555,93 @@ impl TrainConfig {
     }
 }
 
-/// FlowGRPO's clip range from its `[algorithm]` keys.
-fn check_clip_range(g: &FlowGrpoSection, p: &mut Vec<PreflightProblem>) -> Option<ClipRange> {
-    let low_ok = g.eps_clip.is_finite() && g.eps_clip > 0.0 && g.eps_clip < 1.0;
+/// The objective of `[algorithm]`, validated (every problem pushed to `p`).
+fn check_algorithm(a: &AlgorithmSection, p: &mut Vec<PreflightProblem>) -> Option<AlgorithmPlan> {
+    match a {
+        AlgorithmSection::FlowGrpo(g) => {
+            let clip_range = check_clip_range(
+                g.eps_clip,
+                g.eps_clip_high,
+                false,
+                "a finite value in (0, 1) (FlowGRPO uses 1e-4)",
+                p,
+            );
+            if g.kl_coef != 0.0 {
+                p.push(PreflightProblem::KlNotSupported { given: g.kl_coef });
+            }
+            Some(AlgorithmPlan::FlowGrpo {
+                clip_range: clip_range?,
+                anchor: g.anchor,
+            })
+        }
+        AlgorithmSection::Awm(w) => {
+            let clip_range = check_clip_range(
+                w.eps_clip,
+                w.eps_clip_high,
+                true,
+                "a finite value in (0, 1] (the AWM release uses 1: the band [0, 2])",
+                p,
+            );
+            if !(w.advantage_limit.is_finite() && w.advantage_limit > 0.0) {
+                p.push(PreflightProblem::OutOfRange {
+                    key: "algorithm.advantage_limit",
+                    given: w.advantage_limit.to_string(),
+                    allowed: "a finite value > 0 (the AWM release uses 5)",
+                });
+            }
+            let weighting = match (w.weighting, w.huber_power) {
+                (AwmWeightingKind::Uniform, None) => Some(AwmWeighting::Uniform),
+                (AwmWeightingKind::Uniform, Some(power)) => {
+                    p.push(PreflightProblem::OutOfRange {
+                        key: "algorithm.huber_power",
+                        given: power.to_string(),
+                        allowed: "absent with weighting = \"uniform\" (it only shapes the \"huber\" weighting)",
+                    });
+                    None
+                }
+                (AwmWeightingKind::Huber, power) => {
+                    let power = power.unwrap_or(0.25);
+                    if power.is_finite() && power > 0.0 && power <= 1.0 {
+                        Some(AwmWeighting::GeneralisedHuber { power })
+                    } else {
+                        p.push(PreflightProblem::OutOfRange {
+                            key: "algorithm.huber_power",
+                            given: power.to_string(),
+                            allowed: "a finite value in (0, 1] (the AWM release uses 0.25)",
+                        });
+                        None
+                    }
+                }
+            };
+            Some(AlgorithmPlan::Awm {
+                clip_range: clip_range?,
+                weighting: weighting?,
+                advantage_limit: w.advantage_limit,
+            })
+        }
+    }
+}
+
+/// A clip range from `eps_clip` (in `(0, 1)`, or `(0, 1]` with `low_may_be_one`) and the
+/// optional upper `eps_clip_high`.
+fn check_clip_range(
+    eps_clip: f64,
+    eps_clip_high: Option<f64>,
+    low_may_be_one: bool,
+    allowed: &'static str,
+    p: &mut Vec<PreflightProblem>,
+) -> Option<ClipRange> {
+    let below_one = eps_clip < 1.0 || (low_may_be_one && eps_clip == 1.0);
+    let low_ok = eps_clip.is_finite() && eps_clip > 0.0 && below_one;
     if !low_ok {
         p.push(PreflightProblem::OutOfRange {
             key: "algorithm.eps_clip",
-            given: g.eps_clip.to_string(),
-            allowed: "a finite value in (0, 1) (FlowGRPO uses 1e-4)",
+            given: eps_clip.to_string(),
+            allowed,
         });
     }
-    let high = g.eps_clip_high.unwrap_or(g.eps_clip);
-    if let Some(h) = g.eps_clip_high
+    let high = eps_clip_high.unwrap_or(eps_clip);
+    if let Some(h) = eps_clip_high
         && !(h.is_finite() && h > 0.0)
     {
         p.push(PreflightProblem::OutOfRange {
@@ -588,7 +654,7 @@ fn check_clip_range(g: &FlowGrpoSection, p: &mut Vec<PreflightProblem>) -> Optio
     if !low_ok {
         return None;
     }
-    ClipRange::asymmetric(g.eps_clip, high).ok()
+    ClipRange::asymmetric(eps_clip, high).ok()
 }
 
 /// Which parameters train, as validated.
@@ -752,6 +818,15 @@ pub enum AlgorithmPlan {
         clip_range: ClipRange,
         /// Where pi_old comes from.
         anchor: AnchorSource,
+    },
+    /// AWM with its ratio band, weighting and advantage limit.
+    Awm {
+        /// The ratio band.
+        clip_range: ClipRange,
+        /// The log-likelihood surrogate's weighting.
+        weighting: AwmWeighting,
+        /// The advantage clip and rescale.
+        advantage_limit: f64,
     },
 }
 

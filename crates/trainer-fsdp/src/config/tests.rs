@@ -1,12 +1,16 @@
 use super::*;
 
 fn flow_grpo(c: &TrainConfig) -> &FlowGrpoSection {
-    let AlgorithmSection::FlowGrpo(a) = &c.algorithm;
+    let AlgorithmSection::FlowGrpo(a) = &c.algorithm else {
+        panic!("a FlowGRPO config")
+    };
     a
 }
 
 fn flow_grpo_mut(c: &mut TrainConfig) -> &mut FlowGrpoSection {
-    let AlgorithmSection::FlowGrpo(a) = &mut c.algorithm;
+    let AlgorithmSection::FlowGrpo(a) = &mut c.algorithm else {
+        panic!("a FlowGRPO config")
+    };
     a
 }
 
@@ -39,7 +43,9 @@ fn the_recipes_pass_preflight_without_warnings() {
     };
     assert_eq!((lora.rank, lora.alpha, lora.dropout), (64, 128.0, 0.0));
     assert_eq!(lora.target_modules.len(), 8);
-    let AlgorithmPlan::FlowGrpo { clip_range, .. } = &p.algorithm;
+    let AlgorithmPlan::FlowGrpo { clip_range, .. } = &p.algorithm else {
+        panic!("a FlowGRPO plan")
+    };
     assert_eq!(clip_range.low(), 1e-4);
     assert_eq!(p.lr.lr_at_step(0), 3e-4);
     assert_eq!(p.advantages.std_mode, StdMode::Group);
@@ -258,10 +264,13 @@ fn no_silent_defaults_and_no_unknown_keys() {
 
     // an unknown algorithm kind names the known ones
     let err = TrainConfig::qwen_image_t2i_lora()
-        .with_overrides(&[Override::parse("algorithm.kind=awm").unwrap()])
+        .with_overrides(&[Override::parse("algorithm.kind=nft").unwrap()])
         .unwrap_err();
     let msg = err.to_string();
-    assert!(msg.contains("awm") && msg.contains("flow_grpo"), "{msg}");
+    assert!(
+        msg.contains("nft") && msg.contains("flow_grpo") && msg.contains("awm"),
+        "{msg}"
+    );
 }
 
 #[test]
@@ -476,4 +485,100 @@ fn memory_bounds_follow_the_machine() {
         "{msg}"
     );
     assert_eq!(shapes_memory_problems(&c, rollout.min(eval) - 1).len(), 2);
+}
+
+#[test]
+fn an_awm_section_takes_its_defaults_and_names_every_bad_key() {
+    let awm = |extra: &[&str]| {
+        let mut o = vec!["algorithm={ kind = \"awm\" }".to_string()];
+        o.extend(extra.iter().map(|s| s.to_string()));
+        TrainConfig::from_recipe(
+            RecipeName::ShapesWorldLora,
+            &Override::parse_all(&o).unwrap(),
+        )
+    };
+    let c = awm(&[]).unwrap();
+    assert_eq!(c.algorithm, AlgorithmSection::Awm(AwmSection::default()));
+    // switching the kind alone starts the section afresh (FlowGRPO's keys do not carry over),
+    // and so does a file's [algorithm] on top of a recipe
+    let kind = TrainConfig::from_recipe(
+        RecipeName::ShapesWorldLora,
+        &Override::parse_all(&["algorithm.kind=\"awm\"", "algorithm.advantage_limit=3.0"]).unwrap(),
+    )
+    .unwrap();
+    let AlgorithmSection::Awm(a) = &kind.algorithm else {
+        panic!("AWM")
+    };
+    assert_eq!(a.advantage_limit, 3.0);
+    let file = TrainConfig::from_toml_str(
+        "recipe = \"shapes_world_lora\"\n[algorithm]\nkind = \"awm\"\nweighting = \"huber\"\n",
+        None,
+        &[],
+    )
+    .unwrap();
+    let AlgorithmSection::Awm(a) = &file.algorithm else {
+        panic!("AWM")
+    };
+    assert_eq!(a.weighting, AwmWeightingKind::Huber);
+    let p = c.preflight().unwrap();
+    let AlgorithmPlan::Awm {
+        clip_range,
+        weighting,
+        advantage_limit,
+    } = p.algorithm
+    else {
+        panic!("an AWM plan")
+    };
+    assert_eq!(
+        (clip_range.lower_bound(), clip_range.upper_bound()),
+        (0.0, 2.0)
+    );
+    assert_eq!(weighting, AwmWeighting::Uniform);
+    assert_eq!(advantage_limit, 5.0);
+    assert_eq!(p.advantages.std_mode, StdMode::Batch);
+    // the release's weighting: the power defaults to 0.25
+    let p = awm(&["algorithm.weighting=\"huber\""])
+        .unwrap()
+        .preflight()
+        .unwrap();
+    assert!(matches!(
+        p.algorithm,
+        AlgorithmPlan::Awm {
+            weighting: AwmWeighting::GeneralisedHuber { power: 0.25 },
+            ..
+        }
+    ));
+    // the text round trip keeps it
+    let text = awm(&[]).unwrap().to_toml_string().unwrap();
+    assert_eq!(
+        TrainConfig::from_toml_str(&text, None, &[])
+            .unwrap()
+            .algorithm,
+        AlgorithmSection::Awm(AwmSection::default())
+    );
+    // every problem at once, each naming its key
+    let text = problems(
+        &awm(&[
+            "algorithm.eps_clip=1.5",
+            "algorithm.advantage_limit=0.0",
+            "algorithm.huber_power=0.5",
+        ])
+        .unwrap(),
+    );
+    for want in [
+        "algorithm.eps_clip = 1.5",
+        "algorithm.advantage_limit = 0",
+        "algorithm.huber_power = 0.5",
+    ] {
+        assert!(text.iter().any(|p| p.contains(want)), "{want} in {text:?}");
+    }
+    let text =
+        problems(&awm(&["algorithm.weighting=\"huber\"", "algorithm.huber_power=2.0"]).unwrap());
+    assert!(
+        text.iter().any(|p| p.contains("algorithm.huber_power = 2")),
+        "{text:?}"
+    );
+    // FlowGRPO's keys are not AWM's
+    let err = awm(&["algorithm.kl_coef=0.0"]).unwrap_err().to_string();
+    assert!(err.contains("kl_coef"), "{err}");
 }

@@ -53,6 +53,9 @@ pub type Train = Autodiff<Flex>;
 /// The Gaussian-world run on one process.
 pub type GaussianRun = Run<Train, GaussianWorld, FlowGrpo, LocalWorkers>;
 
+/// The Gaussian-world run under AWM.
+pub type AwmRun = Run<Train, GaussianWorld, trainer_fsdp::Awm, LocalWorkers>;
+
 /// Class `c`'s base mean, element `i`: fixed and distinct per class.
 fn base_mean(c: usize, i: usize) -> f32 {
     ((c * 7 + i * 3) % 5) as f32 * 0.5 - 1.0
@@ -443,7 +446,9 @@ fn build_in(
     run_dir: &Path,
     world: GaussianWorld,
 ) -> Result<GaussianRun, TrainerError> {
-    let trainer_fsdp::AlgorithmPlan::FlowGrpo { clip_range, anchor } = pre.algorithm.clone();
+    let trainer_fsdp::AlgorithmPlan::FlowGrpo { clip_range, anchor } = pre.algorithm.clone() else {
+        panic!("a FlowGRPO plan")
+    };
     let workers = LocalWorkers::new(cfg.run.threads());
     Run::new(
         cfg,
@@ -456,8 +461,43 @@ fn build_in(
     )
 }
 
+/// An AWM run of `config(root, ..)` (its `[algorithm]` replaced by AWM's defaults, then
+/// `extra`) writing into `root/run`.
+pub fn start_awm(root: &Path, rollouts: u64, extra: &[&str]) -> AwmRun {
+    let mut o = vec!["algorithm={ kind = \"awm\" }"];
+    o.extend_from_slice(extra);
+    let cfg = config(root, rollouts, &o);
+    let pre = cfg.preflight().unwrap();
+    let trainer_fsdp::AlgorithmPlan::Awm {
+        clip_range,
+        weighting,
+        advantage_limit,
+    } = pre.algorithm.clone()
+    else {
+        panic!("an AWM plan")
+    };
+    let world = GaussianWorld::new(&cfg.reward.scorers).unwrap();
+    let workers = LocalWorkers::new(cfg.run.threads());
+    Run::new(
+        cfg,
+        pre,
+        &root.join("run"),
+        Default::default(),
+        world,
+        trainer_fsdp::Awm {
+            clip: clip_range,
+            weighting,
+            advantage_limit,
+        },
+        workers,
+    )
+    .unwrap()
+}
+
 /// The learned offset of a run's policy.
-pub fn delta(run: &GaussianRun) -> Vec<f32> {
+pub fn delta<A: trainer_fsdp::Algorithm<Train, GaussianWorld>>(
+    run: &Run<Train, GaussianWorld, A, LocalWorkers>,
+) -> Vec<f32> {
     burn::module::AutodiffModule::<Train>::valid(run.model())
         .delta
         .val()

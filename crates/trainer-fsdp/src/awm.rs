@@ -1,0 +1,202 @@
+//! Advantage Weighted Matching ([`Awm`], seed 004): the policy is `p(x0 | c)`, one decision per
+//! finished sample. The rollout samples exactly as FlowGRPO's does (the configured kernel on
+//! the trained steps, the solver elsewhere) and also stores every candidate's clean endpoint
+//! `x0`; the trained steps' noise levels `σ_k` are AWM's training timesteps (the release trains
+//! on the sampler's own grid). For each sample and each of them the endpoint is noised with a
+//! keyed noise `ε` ([`noise_recipe::forward_noise`] of the candidate's seed and the step), the
+//! model's velocity at `x_σ = (1 - σ) x0 + σ ε` is scored against `ε - x0` by
+//! [`flow_grpo::awm_log_likelihood`], and the surrogate log-likelihoods of the current and the
+//! frozen policy (the same `σ` and `ε` for both) go into FlowGRPO's clipped objective with the
+//! advantages rescaled to `±1` ([`flow_grpo::awm_advantages`]).
+//!
+//! Not (yet) here: the release's velocity KL to the reference and to an EMA copy.
+
+use std::ops::Range;
+
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{Tensor, TensorData};
+use flow_grpo::{
+    AnchorRecorder, AwmWeighting, ClipDiagnostics, ClipRange, PolicyAnchor, awm_advantages,
+    awm_log_likelihood, grpo_clip_loss,
+};
+use velocity_model::{Conditioning, VelocityModel};
+
+use crate::algorithm::{Algorithm, Recording, clip_metrics};
+use crate::error::TrainerError;
+use crate::monitor::Metrics;
+use crate::rollout::scoped_map;
+use crate::run::TrainContext;
+use crate::train::{MicroBatchLoss, UpdateReport, autodiff_replicas};
+use crate::world::World;
+
+/// AWM: FlowGRPO's clipped objective over the flow-matching surrogate of `log p(x0 | c)`.
+#[derive(Debug, Clone)]
+pub struct Awm {
+    /// The ratio band (the release's `[0, 2]` is `ClipRange::asymmetric(1.0, 1.0)`).
+    pub clip: ClipRange,
+    /// How the flow-matching error becomes the log-likelihood surrogate.
+    pub weighting: AwmWeighting,
+    /// The advantages are clipped to `±limit` and divided by it (5 in the release).
+    pub advantage_limit: f64,
+}
+
+/// The AWM surrogate log-likelihoods `[samples, trained steps]` of a range of a rollout's
+/// samples (group-major) under `model`: every (sample, step) row in one forward, step-major.
+fn awm_log_probs<B, W, Bx, M>(
+    ctx: &TrainContext<'_, B, W>,
+    model: &M,
+    samples: Range<usize>,
+    weighting: AwmWeighting,
+) -> Result<Tensor<Bx, 2>, TrainerError>
+where
+    B: AutodiffBackend,
+    W: World<B>,
+    Bx: Backend<Device = B::Device>,
+    M: VelocityModel<Bx, Conditioning = W::Cond<Bx>>,
+{
+    let batch = ctx.batch;
+    let g = batch.group_size();
+    let n = samples.len();
+    let steps = batch.trained.len();
+    if n == 0 || steps == 0 {
+        return Ok(Tensor::zeros([n, steps], ctx.device));
+    }
+    let mut chunks = Vec::new();
+    let mut i = samples.start;
+    while i < samples.end {
+        let gi = i / g;
+        let end = samples.end.min((gi + 1) * g);
+        chunks.push((gi, (i - gi * g)..(end - gi * g)));
+        i = end;
+    }
+    let first = &batch.trajectories[chunks[0].0];
+    let [t, c] = ctx.world.latent_shape();
+    let latent_shape = [t, c];
+    let per = t * c;
+    let sigmas: Vec<f32> = batch
+        .trained
+        .iter()
+        .map(|&k| first.common.sigmas[k])
+        .collect();
+    let mut conds = Vec::with_capacity(chunks.len());
+    let mut x0 = Vec::with_capacity(n * per);
+    let mut seeds = Vec::with_capacity(n);
+    for (gi, slots) in &chunks {
+        let traj = &batch.trajectories[*gi];
+        let endpoint = traj
+            .tracks
+            .endpoint
+            .as_ref()
+            .ok_or(TrainerError::MissingEndpoint {
+                rollout: batch.rollout_id,
+                group: *gi,
+            })?;
+        if endpoint.shape().get(1..) != Some(latent_shape.as_slice()) {
+            return Err(TrainerError::EndpointShape {
+                rollout: batch.rollout_id,
+                group: *gi,
+                found: endpoint.shape().to_vec(),
+                expected: latent_shape.to_vec(),
+            });
+        }
+        let values = endpoint.to_f32();
+        x0.extend_from_slice(&values[slots.start * per..slots.end * per]);
+        seeds.extend(
+            traj.common.candidates[slots.clone()]
+                .iter()
+                .map(|c| c.seed_hash),
+        );
+        conds.push(ctx.world.restore_conditioning::<Bx>(
+            &traj.conditions,
+            slots.len(),
+            ctx.device,
+        )?);
+    }
+    let cond = W::Cond::<Bx>::cat_rows(conds).repeat_rows(steps);
+    // host-side forward process, step-major rows: the same bits for the anchor and the updates
+    let rows = n * steps;
+    let mut x_sigma = Vec::with_capacity(rows * per);
+    let mut target = Vec::with_capacity(rows * per);
+    let mut sigma_rows = Vec::with_capacity(rows);
+    for (&k, &s) in batch.trained.iter().zip(&sigmas) {
+        for (row, seed) in seeds.iter().enumerate() {
+            let eps = noise_recipe::forward_noise(*seed, k as u64, &latent_shape);
+            let x = &x0[row * per..(row + 1) * per];
+            x_sigma.extend(x.iter().zip(&eps).map(|(x, e)| (1.0 - s) * x + s * e));
+            target.extend(x.iter().zip(&eps).map(|(x, e)| e - x));
+            sigma_rows.push(s);
+        }
+    }
+    let x = Tensor::<Bx, 3>::from_data(TensorData::new(x_sigma, [rows, t, c]), ctx.device);
+    let sigma = Tensor::<Bx, 1>::from_data(TensorData::new(sigma_rows, [rows]), ctx.device);
+    let v = model.velocity(x, sigma.clone(), &cond).reshape([rows, per]);
+    let target = Tensor::<Bx, 2>::from_data(TensorData::new(target, [rows, per]), ctx.device);
+    let lp = awm_log_likelihood(v, target, sigma, weighting)?;
+    Ok(lp.reshape([steps, n]).swap_dims(0, 1))
+}
+
+impl<B: AutodiffBackend, W: World<B>> Algorithm<B, W> for Awm {
+    type Frozen = PolicyAnchor;
+    type Diagnostics = ClipDiagnostics;
+
+    fn name(&self) -> &'static str {
+        "AWM"
+    }
+
+    fn recording(&self) -> Recording {
+        Recording::SdeTransitionsAndEndpoints
+    }
+
+    /// The frozen policy's surrogate log-likelihoods, through the same (autodiff) model and
+    /// code path as the updates, so the first update's ratio is exactly 1.
+    fn freeze(
+        &self,
+        ctx: &TrainContext<'_, B, W>,
+        policy: &W::Policy,
+    ) -> Result<(PolicyAnchor, Metrics), TrainerError> {
+        let plan = ctx.plan;
+        let mut recorder = AnchorRecorder::new(plan);
+        let micro: Vec<Range<usize>> = plan.micro_batches().cloned().collect();
+        let threads = ctx.threads.clamp(1, micro.len().max(1));
+        let replicas = autodiff_replicas(policy, threads);
+        for wave in micro.chunks(threads) {
+            let jobs: Vec<(&Range<usize>, &W::Policy)> = wave.iter().zip(&replicas).collect();
+            let lps = scoped_map(&jobs, |(mb, model)| {
+                awm_log_probs::<B, W, B, _>(ctx, *model, (*mb).clone(), self.weighting)
+                    .map(|lp| lp.detach())
+            });
+            for (mb, lp) in wave.iter().zip(lps) {
+                recorder.record(mb.clone(), lp?)?;
+            }
+        }
+        Ok((recorder.freeze()?, Metrics::new()))
+    }
+
+    fn micro_batch_loss(
+        &self,
+        ctx: &TrainContext<'_, B, W>,
+        anchor: &PolicyAnchor,
+        policy: &W::Policy,
+        samples: Range<usize>,
+    ) -> Result<MicroBatchLoss<B, ClipDiagnostics>, TrainerError> {
+        let lp = awm_log_probs::<B, W, B, _>(ctx, policy, samples.clone(), self.weighting)?;
+        let raw: Vec<f64> = samples.clone().map(|i| ctx.advantages.values[i]).collect();
+        let adv = awm_advantages(&raw, self.advantage_limit)?;
+        let n = adv.len();
+        let out = grpo_clip_loss(
+            lp,
+            anchor.log_probs::<B>(samples, ctx.device)?,
+            Tensor::from_data(TensorData::new(adv, [n]), ctx.device),
+            self.clip,
+        )?;
+        Ok(MicroBatchLoss {
+            loss: out.loss,
+            elements: out.diagnostics.elements,
+            diagnostics: out.diagnostics,
+        })
+    }
+
+    fn rollout_metrics(&self, updates: &[UpdateReport<ClipDiagnostics>]) -> Metrics {
+        clip_metrics(updates)
+    }
+}
