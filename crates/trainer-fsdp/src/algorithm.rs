@@ -102,6 +102,36 @@ impl FlowGrpo {
     }
 }
 
+/// The frozen anchor of a rollout: `log_probs(model, micro-batch)` (`[samples, steps]`) of
+/// every micro-batch of the plan under the weights before any optimizer step, through the
+/// autodiff model the updates use, up to `ctx.threads` micro-batches side by side (one replica
+/// each), detached.
+pub(crate) fn record_anchor<B, W, F>(
+    ctx: &TrainContext<'_, B, W>,
+    policy: &W::Policy,
+    log_probs: F,
+) -> Result<PolicyAnchor, TrainerError>
+where
+    B: AutodiffBackend,
+    W: World<B>,
+    F: Fn(&W::Policy, Range<usize>) -> Result<Tensor<B, 2>, TrainerError> + Sync,
+{
+    let mut recorder = AnchorRecorder::new(ctx.plan);
+    let micro: Vec<Range<usize>> = ctx.plan.micro_batches().cloned().collect();
+    let threads = ctx.threads.clamp(1, micro.len().max(1));
+    let replicas = autodiff_replicas(policy, threads);
+    for wave in micro.chunks(threads) {
+        let jobs: Vec<(&Range<usize>, &W::Policy)> = wave.iter().zip(&replicas).collect();
+        let lps = scoped_map(&jobs, |(mb, model)| {
+            log_probs(model, (*mb).clone()).map(|lp| lp.detach())
+        });
+        for (mb, lp) in wave.iter().zip(lps) {
+            recorder.record(mb.clone(), lp?)?;
+        }
+    }
+    Ok(recorder.freeze()?)
+}
+
 /// The log-probs `[samples, trained steps]` of rollout samples under a model on any backend.
 fn replay_samples<B, W, Bx, M>(
     ctx: &TrainContext<'_, B, W>,
@@ -161,24 +191,13 @@ impl<B: AutodiffBackend, W: World<B>> Algorithm<B, W> for FlowGrpo {
             let anchor = PolicyAnchor::from_rollout(&rollout_lp, plan.num_samples, steps)?;
             return Ok((anchor, Metrics::new()));
         }
-        let mut recorder = AnchorRecorder::new(plan);
-        let micro: Vec<Range<usize>> = plan.micro_batches().cloned().collect();
-        let threads = ctx.threads.clamp(1, micro.len().max(1));
-        let replicas = autodiff_replicas(policy, threads);
-        for wave in micro.chunks(threads) {
-            let jobs: Vec<(&Range<usize>, &W::Policy)> = wave.iter().zip(&replicas).collect();
-            let lps = scoped_map(&jobs, |(mb, model)| {
-                replay_samples::<B, W, B, _>(ctx, *model, (*mb).clone()).map(|lp| lp.detach())
-            });
-            for (mb, lp) in wave.iter().zip(lps) {
-                recorder.record(mb.clone(), lp?)?;
-            }
-        }
+        let anchor = record_anchor(ctx, policy, |model, mb| {
+            replay_samples::<B, W, B, _>(ctx, model, mb)
+        })?;
         let mut rollout_lp = Vec::new();
         for traj in &ctx.batch.trajectories {
             rollout_lp.extend(traj.tracks.log_probs.iter().map(|v| f64::from(*v)));
         }
-        let anchor = recorder.freeze()?;
         let anchor_all = anchor.log_probs::<B::InnerBackend>(0..plan.num_samples, ctx.device)?;
         let parity = log_prob_parity(
             anchor_all,

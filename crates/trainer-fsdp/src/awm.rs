@@ -16,17 +16,17 @@ use std::ops::Range;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Tensor, TensorData};
 use flow_grpo::{
-    AnchorRecorder, AwmWeighting, ClipDiagnostics, ClipRange, PolicyAnchor, awm_advantages,
-    awm_log_likelihood, grpo_clip_loss,
+    AwmWeighting, ClipDiagnostics, ClipRange, PolicyAnchor, awm_advantages, awm_log_likelihood,
+    grpo_clip_loss,
 };
 use velocity_model::{Conditioning, VelocityModel};
 
-use crate::algorithm::{Algorithm, Recording, clip_metrics};
+use crate::algorithm::{Algorithm, Recording, clip_metrics, record_anchor};
 use crate::error::TrainerError;
 use crate::monitor::Metrics;
-use crate::rollout::scoped_map;
+use crate::rollout::group_chunks;
 use crate::run::TrainContext;
-use crate::train::{MicroBatchLoss, UpdateReport, autodiff_replicas};
+use crate::train::{MicroBatchLoss, UpdateReport};
 use crate::world::World;
 
 /// AWM: FlowGRPO's clipped objective over the flow-matching surrogate of `log p(x0 | c)`.
@@ -61,14 +61,7 @@ where
     if n == 0 || steps == 0 {
         return Ok(Tensor::zeros([n, steps], ctx.device));
     }
-    let mut chunks = Vec::new();
-    let mut i = samples.start;
-    while i < samples.end {
-        let gi = i / g;
-        let end = samples.end.min((gi + 1) * g);
-        chunks.push((gi, (i - gi * g)..(end - gi * g)));
-        i = end;
-    }
+    let chunks = group_chunks(samples.clone(), g);
     let first = &batch.trajectories[chunks[0].0];
     let [t, c] = ctx.world.latent_shape();
     let latent_shape = [t, c];
@@ -154,22 +147,10 @@ impl<B: AutodiffBackend, W: World<B>> Algorithm<B, W> for Awm {
         ctx: &TrainContext<'_, B, W>,
         policy: &W::Policy,
     ) -> Result<(PolicyAnchor, Metrics), TrainerError> {
-        let plan = ctx.plan;
-        let mut recorder = AnchorRecorder::new(plan);
-        let micro: Vec<Range<usize>> = plan.micro_batches().cloned().collect();
-        let threads = ctx.threads.clamp(1, micro.len().max(1));
-        let replicas = autodiff_replicas(policy, threads);
-        for wave in micro.chunks(threads) {
-            let jobs: Vec<(&Range<usize>, &W::Policy)> = wave.iter().zip(&replicas).collect();
-            let lps = scoped_map(&jobs, |(mb, model)| {
-                awm_log_probs::<B, W, B, _>(ctx, *model, (*mb).clone(), self.weighting)
-                    .map(|lp| lp.detach())
-            });
-            for (mb, lp) in wave.iter().zip(lps) {
-                recorder.record(mb.clone(), lp?)?;
-            }
-        }
-        Ok((recorder.freeze()?, Metrics::new()))
+        let anchor = record_anchor(ctx, policy, |model, mb| {
+            awm_log_probs::<B, W, B, _>(ctx, model, mb, self.weighting)
+        })?;
+        Ok((anchor, Metrics::new()))
     }
 
     fn micro_batch_loss(

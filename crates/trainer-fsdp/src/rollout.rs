@@ -229,6 +229,21 @@ where
     ))
 }
 
+/// A range of a rollout's samples (group-major indices, `group * group_size + slot`) split at
+/// group boundaries: `(group, slots)` per group it touches, in order.
+pub(crate) fn group_chunks(samples: Range<usize>, group_size: usize) -> Vec<(usize, Range<usize>)> {
+    let g = group_size;
+    let mut chunks = Vec::new();
+    let mut i = samples.start;
+    while i < samples.end {
+        let gi = i / g;
+        let end = samples.end.min((gi + 1) * g);
+        chunks.push((gi, (i - gi * g)..(end - gi * g)));
+        i = end;
+    }
+    chunks
+}
+
 /// The log-probs `[samples, trained steps]` of a range of a rollout's samples (group-major
 /// indices, `group * group_size + slot`) under `model`, replayed from the stored trajectories
 /// through the kernel. `restore(trajectory, rows)` rebuilds the conditioning of `rows`
@@ -258,15 +273,7 @@ where
     M::Conditioning: Conditioning,
     R: Fn(&Trajectory, usize) -> Result<M::Conditioning, TrainerError>,
 {
-    let g = group_size;
-    let mut chunks = Vec::new();
-    let mut i = samples.start;
-    while i < samples.end {
-        let gi = i / g;
-        let end = samples.end.min((gi + 1) * g);
-        chunks.push((gi, (i - gi * g)..(end - gi * g)));
-        i = end;
-    }
+    let chunks = group_chunks(samples.clone(), group_size);
     let n = samples.len();
     let steps = trajectories
         .first()
