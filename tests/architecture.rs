@@ -12,6 +12,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("noise-recipe", 0),
     ("velocity-model", 0),
     ("keyed-rng", 0),
+    ("fused-ops", 0),
     ("durable", 1),
     ("trajectory", 1),
     ("flow-grpo", 1),

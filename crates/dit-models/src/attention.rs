@@ -10,6 +10,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Bool, Tensor};
+use fused_ops::Order;
 
 /// `softmax(q·kᵀ / sqrt(head_dim) + mask) · v` over the joint sequence.
 ///
@@ -39,6 +40,9 @@ pub fn joint_attention<B: Backend>(
             m.expand([b, h, s, s])
         }
     });
+    // Heads-major memory, so that the transposes below are free on the CPU backend (q and k
+    // come heads-major from RoPE already), and the output back to token-major a row at a time.
+    let [q, k, v] = [q, k, v].map(|t| fused_ops::relayout(t, Order::HeadsMajor));
     let out = attention(
         q.swap_dims(1, 2),
         k.swap_dims(1, 2),
@@ -47,5 +51,5 @@ pub fn joint_attention<B: Backend>(
         None,
         AttentionModuleOptions::default(),
     );
-    out.swap_dims(1, 2).reshape([b, s, h * d])
+    fused_ops::relayout(out.swap_dims(1, 2), Order::TokenMajor).reshape([b, s, h * d])
 }

@@ -146,7 +146,6 @@ impl<B: AutodiffBackend> QwenImageTransformer2DModel<B> {
         );
         let ctx = inner
             .block_context(
-                img.dims()[0],
                 &img_shapes,
                 s_txt,
                 inner_mask,
@@ -177,7 +176,6 @@ impl<B: AutodiffBackend> QwenImageTransformer2DModel<B> {
 
         // Blocks, last to first, each re-run with a graph.
         let ctx = self.block_context(
-            hidden_states.dims()[0],
             &img_shapes,
             s_txt,
             encoder_hidden_states_mask,

@@ -10,7 +10,7 @@ use crate::config::{NORM_EPS, QwenImageConfig};
 use crate::layers::{
     Adapters, Linear, LinearConfig, RmsNorm, RmsNormConfig, gelu_tanh, layer_norm, silu, write_out,
 };
-use crate::rope::{ImageShape, apply_rope, expand_rope_table, rope_tables};
+use crate::rope::{ImageShape, apply_rope, rope_tables};
 
 /// Channels of the sinusoidal timestep embedding (diffusers `Timesteps(num_channels=256)`).
 pub const TIMESTEP_CHANNELS: usize = 256;
@@ -373,7 +373,6 @@ impl<B: Backend> QwenImageTransformer2DModel<B> {
             img_shapes,
         } = input;
         let ctx = self.block_context(
-            hidden_states.dims()[0],
             &img_shapes,
             s_txt,
             encoder_hidden_states_mask,
@@ -443,11 +442,9 @@ impl<B: Backend> QwenImageTransformer2DModel<B> {
         (img, txt, self.time_embedding(timestep, dtype, adapters))
     }
 
-    /// RoPE tables and the joint key mask (the per-forward constants of every block), for a
-    /// batch of `batch` rows.
+    /// RoPE tables and the joint key mask (the per-forward constants of every block).
     pub(crate) fn block_context(
         &self,
-        batch: usize,
         img_shapes: &[ImageShape],
         s_txt: usize,
         encoder_hidden_states_mask: Option<Tensor<B, 2, Bool>>,
@@ -457,11 +454,6 @@ impl<B: Backend> QwenImageTransformer2DModel<B> {
         let s_img: usize = img_shapes.iter().map(ImageShape::tokens).sum();
         let tables = rope_tables(self.config().axes_dims_rope, img_shapes, s_txt);
         let (cos, sin) = tables.to_tensors::<B>(device, dtype);
-        let heads = self.config().num_attention_heads;
-        let (cos, sin) = (
-            expand_rope_table(cos, batch, heads),
-            expand_rope_table(sin, batch, heads),
-        );
         let key_mask = encoder_hidden_states_mask.map(|m| {
             let b = m.dims()[0];
             Tensor::cat(
@@ -526,10 +518,9 @@ impl<B: Backend> QwenImageTransformer2DModel<B> {
 #[derive(Clone)]
 pub(crate) struct BlockContext<B: Backend> {
     pub(crate) silu_temb: Option<Tensor<B, 2>>,
-    /// The RoPE tables from [`expand_rope_table`]: `[batch, seq, heads, head_dim]`, or
-    /// `[1, seq, 1, head_dim]` when that would be large.
-    pub(crate) cos: Tensor<B, 4>,
-    pub(crate) sin: Tensor<B, 4>,
+    /// The RoPE tables of the joint sequence, `[seq, head_dim]`.
+    pub(crate) cos: Tensor<B, 2>,
+    pub(crate) sin: Tensor<B, 2>,
     pub(crate) key_mask: Option<Tensor<B, 2, Bool>>,
     pub(crate) adapters: Adapters,
 }
@@ -584,14 +575,14 @@ impl<B: Backend> FeedForward<B> {
 impl<B: Backend> JointAttention<B> {
     /// Joint attention over `[text, image]`; returns `(image_out, text_out)`.
     ///
-    /// `cos`/`sin` are the RoPE tables of the joint sequence (text first) from
-    /// [`expand_rope_table`]; `key_mask` is the joint key mask.
+    /// `cos`/`sin` are the RoPE tables of the joint sequence (text first), `[seq, head_dim]`;
+    /// `key_mask` is the joint key mask.
     pub fn forward(
         &self,
         img: Tensor<B, 3>,
         txt: Tensor<B, 3>,
-        cos: &Tensor<B, 4>,
-        sin: &Tensor<B, 4>,
+        cos: &Tensor<B, 2>,
+        sin: &Tensor<B, 2>,
         key_mask: Option<Tensor<B, 2, Bool>>,
         adapters: Adapters,
     ) -> (Tensor<B, 3>, Tensor<B, 3>) {

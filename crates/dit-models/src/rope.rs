@@ -146,76 +146,47 @@ impl RopeTables {
     }
 }
 
-/// Makes a table `[seq, head_dim]` ready to multiply `[batch, seq, heads, head_dim]`
-/// activations, once per forward: written out to that shape when it is small
-/// ([`crate::layers::write_out`]), otherwise `[1, seq, 1, head_dim]` (a broadcast).
-///
-/// The numbers are the same either way; burn's CPU backend walks a table broadcast over the
-/// batch and head axes element by element, which made RoPE a tenth of a small model's forward.
-pub fn expand_rope_table<B: Backend>(
-    table: Tensor<B, 2>,
-    batch: usize,
-    heads: usize,
-) -> Tensor<B, 4> {
-    let [s, d] = table.dims();
-    let table = table.reshape([1, s, 1, d]);
-    if crate::layers::write_out([batch, s, heads, d]) {
-        table.repeat_dim(2, heads).repeat_dim(0, batch)
-    } else {
-        table
-    }
-}
-
-/// Rotates `x: [batch, seq, heads, head_dim]` by the tables `cos`, `sin` from
-/// [`RopeTables::to_tensors`] and [`expand_rope_table`] (`[batch, seq, heads, head_dim]` or
-/// `[1, seq, 1, head_dim]`) (diffusers `apply_rotary_emb_qwen(..., use_real=False)`):
+/// Rotates `x: [batch, seq, heads, head_dim]` by the tables `cos`, `sin: [seq, head_dim]` from
+/// [`RopeTables::to_tensors`] (diffusers `apply_rotary_emb_qwen(..., use_real=False)`):
 /// `out[2p] = x[2p] cos - x[2p+1] sin`, `out[2p+1] = x[2p] sin + x[2p+1] cos`.
+///
+/// [`fused_ops::rope`]: one pass on the CPU backend, whose output is laid out for attention's
+/// heads transpose; the broadcast composition elsewhere.
 pub fn apply_rope<B: Backend>(
     x: Tensor<B, 4>,
-    cos: &Tensor<B, 4>,
-    sin: &Tensor<B, 4>,
+    cos: &Tensor<B, 2>,
+    sin: &Tensor<B, 2>,
 ) -> Tensor<B, 4> {
-    let [b, s, h, d] = x.dims();
-    for t in [cos, sin] {
-        assert!(
-            t.dims() == [b, s, h, d] || t.dims() == [1, s, 1, d],
-            "RoPE table {:?} fits neither [batch, seq, heads, head_dim] = {:?} nor [1, seq, 1, head_dim]",
-            t.dims(),
-            [b, s, h, d]
-        );
-    }
-    let swapped = x
-        .clone()
-        .reshape([b, s, h, d / 2, 2])
-        .flip([4])
-        .reshape([b, s, h, d]);
-    x * cos.clone() + swapped * sin.clone()
+    fused_ops::rope(x, cos.clone(), sin.clone())
 }
 
 #[cfg(test)]
 mod tests {
-    use burn::backend::Flex;
-    use burn::tensor::{DType, Distribution, Tensor};
+    use burn::backend::{Flex, NdArray};
+    use burn::tensor::backend::Backend;
+    use burn::tensor::{DType, Tensor, TensorData};
 
-    use super::{ImageShape, apply_rope, expand_rope_table, rope_tables};
+    use super::{ImageShape, apply_rope, rope_tables};
 
-    /// The written-out tables and the broadcast ones rotate to the same bits.
-    #[test]
-    fn written_out_and_broadcast_tables_agree() {
+    fn rotated<B: Backend>() -> Vec<f32> {
         let dev = Default::default();
-        let (b, h, d) = (3, 2, 8);
         let t = rope_tables([2, 2, 4], &[ImageShape::new(1, 4, 4)], 5);
-        let (cos, sin) = t.to_tensors::<Flex>(&dev, DType::F32);
-        let s = cos.dims()[0];
-        let x = Tensor::<Flex, 4>::random([b, s, h, d], Distribution::Normal(0.0, 1.0), &dev);
-        let (cos_w, sin_w) = (
-            expand_rope_table(cos.clone(), b, h),
-            expand_rope_table(sin.clone(), b, h),
-        );
-        assert_eq!(cos_w.dims(), [b, s, h, d]);
-        let (cos_b, sin_b) = (cos.reshape([1, s, 1, d]), sin.reshape([1, s, 1, d]));
-        let written = apply_rope(x.clone(), &cos_w, &sin_w).into_data();
-        let broadcast = apply_rope(x, &cos_b, &sin_b).into_data();
-        assert_eq!(written, broadcast);
+        let (cos, sin) = t.to_tensors::<B>(&dev, DType::F32);
+        let x: Vec<f32> = (0..3 * 21 * 2 * 8)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0)
+            .collect();
+        let x = Tensor::<B, 4>::from_data(TensorData::new(x, [3, 21, 2, 8]), &dev);
+        apply_rope(x, &cos, &sin).into_data().into_vec().unwrap()
+    }
+
+    /// The CPU backend's kernel and the generic composition rotate alike.
+    #[test]
+    fn the_kernel_and_the_composition_rotate_alike() {
+        let (flex, nd) = (rotated::<Flex>(), rotated::<NdArray>());
+        let worst = flex.iter().zip(&nd).fold(0f32, |w, (a, b)| {
+            assert!(!a.is_nan() && !b.is_nan());
+            w.max((a - b).abs())
+        });
+        assert!(worst < 1e-6, "{worst:e}");
     }
 }
