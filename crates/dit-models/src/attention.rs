@@ -3,12 +3,11 @@
 //! burn's `attention` takes `[batch, heads, seq, head_dim]` and a boolean mask where `true`
 //! means *masked out*; this wrapper takes the `[batch, seq, heads, head_dim]` layout of the
 //! model and a key mask where `true` means *attend* (diffusers / Hugging Face convention), and
-//! returns `[batch, seq, heads * head_dim]`. Under autodiff burn differentiates its reference
-//! decomposition, which keeps the full `[batch, heads, seq, seq]` score matrix for backward.
+//! returns `[batch, seq, heads * head_dim]`. The op is `fused_ops::attention`: burn's own on
+//! every backend, with a backward of our own under autodiff on the CPU backend (burn would
+//! differentiate its reference decomposition op by op).
 
 use burn::tensor::backend::Backend;
-use burn::tensor::module::attention;
-use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Bool, Tensor};
 use fused_ops::Order;
 
@@ -43,13 +42,11 @@ pub fn joint_attention<B: Backend>(
     // Heads-major memory, so that the transposes below are free on the CPU backend (q and k
     // come heads-major from RoPE already), and the output back to token-major a row at a time.
     let [q, k, v] = [q, k, v].map(|t| fused_ops::relayout(t, Order::HeadsMajor));
-    let out = attention(
+    let out = fused_ops::attention(
         q.swap_dims(1, 2),
         k.swap_dims(1, 2),
         v.swap_dims(1, 2),
         mask,
-        None,
-        AttentionModuleOptions::default(),
     );
     fused_ops::relayout(out.swap_dims(1, 2), Order::TokenMajor).reshape([b, s, h * d])
 }

@@ -7,6 +7,7 @@ use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind, unary};
 use burn::backend::flex::{Flex, FlexTensor};
 use burn::tensor::TensorData;
+use burn::tensor::ops::{ActivationOps, AttentionModuleOptions, FloatTensorOps, ModuleOps};
 
 use crate::Order;
 use crate::dispatch::AutodiffFlexTensor;
@@ -247,4 +248,108 @@ pub(crate) fn relayout_autodiff(x: AutodiffFlexTensor, order: Order) -> Autodiff
         .prepare::<NoCheckpointing>([x.node.clone()])
         .compute_bound()
         .stateless(relayout(x.primitive, order))
+}
+
+/// Scaled dot-product attention of `[batch, heads, seq, head_dim]` tensors on Flex: its own
+/// fused kernel (a score tile at a time, or flash tiles for long sequences).
+fn attention_forward(
+    q: FlexTensor,
+    k: FlexTensor,
+    v: FlexTensor,
+    mask: Option<FlexTensor>,
+) -> FlexTensor {
+    Flex::attention(q, k, v, mask, None, AttentionModuleOptions::default())
+}
+
+pub(crate) fn attention(
+    q: FlexTensor,
+    k: FlexTensor,
+    v: FlexTensor,
+    mask: Option<FlexTensor>,
+) -> FlexTensor {
+    attention_forward(q, k, v, mask)
+}
+
+#[derive(Debug)]
+struct AttentionBackward;
+
+#[derive(Clone, Debug)]
+struct AttentionState {
+    q: FlexTensor,
+    k: FlexTensor,
+    v: FlexTensor,
+    mask: Option<FlexTensor>,
+}
+
+impl Backward<Flex, 3> for AttentionBackward {
+    type State = AttentionState;
+
+    /// Recomputes the probabilities `P = softmax(q kᵀ / sqrt(d))` (masked keys at `-inf`) and
+    /// returns `dv = Pᵀ g`, `dq = dS k / sqrt(d)`, `dk = dSᵀ q / sqrt(d)` with
+    /// `dS = P ∘ (g vᵀ − rowsum(P ∘ g vᵀ))`: five products, no score matrix kept from the
+    /// forward.
+    fn backward(self, ops: Ops<AttentionState, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [pq, pk, pv] = ops.parents;
+        let AttentionState { q, k, v, mask } = ops.state;
+        let g = grads.consume::<Flex>(&ops.node);
+        let d = q.layout().shape()[3];
+        let scale = 1.0 / (d as f64).sqrt();
+        let scores = Flex::float_mul_scalar(
+            Flex::float_matmul(q.clone(), Flex::float_transpose(k.clone())),
+            scale.into(),
+        );
+        let scores = match mask {
+            Some(m) => Flex::float_mask_fill(scores, m, f32::NEG_INFINITY.into()),
+            None => scores,
+        };
+        let p = Flex::softmax(scores, 3);
+        if let Some(node) = pv {
+            let dv = Flex::float_matmul(Flex::float_transpose(p.clone()), g.clone());
+            grads.register::<Flex>(node.id, dv);
+        }
+        if pq.is_none() && pk.is_none() {
+            return;
+        }
+        let dp = Flex::float_matmul(g, Flex::float_transpose(v));
+        let row = Flex::float_sum_dim(Flex::float_mul(p.clone(), dp.clone()), 3);
+        let ds = Flex::float_mul_scalar(Flex::float_mul(p, Flex::float_sub(dp, row)), scale.into());
+        if let Some(node) = pq {
+            grads.register::<Flex>(node.id, Flex::float_matmul(ds.clone(), k));
+        }
+        if let Some(node) = pk {
+            grads.register::<Flex>(node.id, Flex::float_matmul(Flex::float_transpose(ds), q));
+        }
+    }
+}
+
+pub(crate) fn attention_autodiff(
+    q: AutodiffFlexTensor,
+    k: AutodiffFlexTensor,
+    v: AutodiffFlexTensor,
+    mask: Option<FlexTensor>,
+) -> AutodiffFlexTensor {
+    match AttentionBackward
+        .prepare::<NoCheckpointing>([q.node.clone(), k.node.clone(), v.node.clone()])
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(prep) => {
+            let state = AttentionState {
+                q: q.primitive.clone(),
+                k: k.primitive.clone(),
+                v: v.primitive.clone(),
+                mask: mask.clone(),
+            };
+            prep.finish(
+                state,
+                attention_forward(q.primitive, k.primitive, v.primitive, mask),
+            )
+        }
+        OpsKind::UnTracked(prep) => prep.finish(attention_forward(
+            q.primitive,
+            k.primitive,
+            v.primitive,
+            mask,
+        )),
+    }
 }

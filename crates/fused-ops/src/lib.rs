@@ -7,7 +7,7 @@
 //! * a **single-pass kernel** for burn's Flex CPU backend, forward and backward, used when the
 //!   tensor is a `f32` Flex tensor or an `f32` `Autodiff<Flex>` tensor.
 //!
-//! The public functions ([`gelu_tanh`], [`rope`], [`relayout`]) pick the kernel when the tensor's primitive is
+//! The public functions ([`gelu_tanh`], [`rope`], [`relayout`], [`attention`]) pick the kernel when the tensor's primitive is
 //! one of those types and the generic composition otherwise; the choice is made from the
 //! primitive's concrete type at run time (`core::any::Any`), so callers stay generic over
 //! `B: Backend` and no trait bound spreads through the crates above. The parity tests
@@ -25,8 +25,9 @@ mod flex;
 mod kernels;
 pub mod reference;
 
-use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
+use burn::tensor::ops::AttentionModuleOptions;
+use burn::tensor::{Bool, Tensor};
 
 use dispatch::Route;
 
@@ -100,5 +101,45 @@ pub fn relayout<B: Backend>(x: Tensor<B, 4>, order: Order) -> Tensor<B, 4> {
         Route::Flex(t) => dispatch::from_flex(flex::relayout(t, order)),
         Route::AutodiffFlex(t) => dispatch::from_autodiff_flex(flex::relayout_autodiff(t, order)),
         Route::Generic(x) => x,
+    }
+}
+
+/// Scaled dot-product attention `softmax(q kᵀ / sqrt(head_dim)) v` of `[batch, heads, seq,
+/// head_dim]` tensors; `mask` (broadcastable to `[batch, heads, seq_q, seq_kv]`) is `true`
+/// where a key is masked out, burn's convention. Every query row must keep at least one key.
+///
+/// On Flex the backend's own fused attention. Under `Autodiff<Flex>` the same forward, and a
+/// backward that recomputes the probabilities and takes five matrix products, where burn's
+/// autodiff would record its reference decomposition op by op (a scalar `exp` per score, the
+/// score matrix kept for backward). Elsewhere `burn::tensor::module::attention`.
+pub fn attention<B: Backend>(
+    q: Tensor<B, 4>,
+    k: Tensor<B, 4>,
+    v: Tensor<B, 4>,
+    mask: Option<Tensor<B, 4, Bool>>,
+) -> Tensor<B, 4> {
+    let generic = |q, k, v, mask| {
+        burn::tensor::module::attention(q, k, v, mask, None, AttentionModuleOptions::default())
+    };
+    let mask = match mask.map(dispatch::bool_flex) {
+        None => None,
+        Some(Ok(m)) => Some(m),
+        Some(Err(m)) => return generic(q, k, v, Some(m)),
+    };
+    let rebuild =
+        |m: Option<burn::backend::flex::FlexTensor>| m.map(|m| dispatch::bool_from_flex::<B, 4>(m));
+    match (Route::of(q), Route::of(k), Route::of(v)) {
+        (Route::Flex(q), Route::Flex(k), Route::Flex(v)) => {
+            dispatch::from_flex(flex::attention(q, k, v, mask))
+        }
+        (Route::AutodiffFlex(q), Route::AutodiffFlex(k), Route::AutodiffFlex(v)) => {
+            dispatch::from_autodiff_flex(flex::attention_autodiff(q, k, v, mask))
+        }
+        (q, k, v) => generic(
+            q.into_tensor(),
+            k.into_tensor(),
+            v.into_tensor(),
+            rebuild(mask),
+        ),
     }
 }

@@ -2,9 +2,11 @@
 //! contiguous and strided inputs, and the generic route taken elsewhere.
 
 use burn::backend::{Autodiff, Flex, NdArray};
+use burn::tensor::Bool;
 use burn::tensor::backend::Backend;
+use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Distribution, Tensor, TensorData};
-use fused_ops::{Order, gelu_tanh, reference, relayout, rope};
+use fused_ops::{Order, attention, gelu_tanh, reference, relayout, rope};
 use proptest::prelude::*;
 
 type Ad = Autodiff<Flex>;
@@ -212,6 +214,69 @@ fn a_relayout_keeps_values_and_gradients() {
     let tm = relayout(hm.clone(), Order::TokenMajor);
     assert!(tm.clone().into_primitive().tensor().is_contiguous());
     assert_eq!(tm.into_data(), hm.into_data());
+}
+
+/// A key mask `[batch, heads, seq, seq]` that masks the last `pad[b]` keys of row `b`.
+fn key_mask<B: Backend>(b: usize, h: usize, s: usize, pad: &[usize]) -> Tensor<B, 4, Bool> {
+    let v: Vec<bool> = (0..b * h * s * s)
+        .map(|i| (i % s) >= s - pad[i / (h * s * s)])
+        .collect();
+    Tensor::from_data(TensorData::new(v, [b, h, s, s]), &Default::default())
+}
+
+/// The fused attention against burn's own under autodiff (its reference decomposition):
+/// values and the gradients of q, k and v, with and without a key mask, on heads-major views.
+#[test]
+fn attention_and_its_gradients_match_burns() {
+    let (b, h, s, d) = (2, 3, 13, 8);
+    let w = random::<Ad, 4>([b, h, s, d], 1.0);
+    let [q0, k0, v0] = [0, 1, 2].map(|_| random::<Ad, 4>([b, s, h, d], 1.0).swap_dims(1, 2));
+    for masked in [false, true] {
+        let mask = masked.then(|| key_mask::<Ad>(b, h, s, &[3, 0]));
+        let run = |fused: bool| {
+            let [q, k, v] = [&q0, &k0, &v0].map(|t| t.clone().require_grad());
+            let y = if fused {
+                attention(q.clone(), k.clone(), v.clone(), mask.clone())
+            } else {
+                burn::tensor::module::attention(
+                    q.clone(),
+                    k.clone(),
+                    v.clone(),
+                    mask.clone(),
+                    None,
+                    AttentionModuleOptions::default(),
+                )
+            };
+            let g = (y.clone() * w.clone()).sum().backward();
+            let grads = [&q, &k, &v].map(|t| t.grad(&g).expect("a gradient"));
+            (y.inner(), grads)
+        };
+        let ((yf, gf), (yr, gr)) = (run(true), run(false));
+        let e = worst_rel(yf, yr);
+        assert!(e < 1e-6, "masked {masked}: values {e:.3e}");
+        for (name, (a, b)) in ["q", "k", "v"].iter().zip(gf.into_iter().zip(gr)) {
+            let e = worst_rel(a, b);
+            assert!(e < 1e-5, "masked {masked}: gradient of {name} {e:.3e}");
+        }
+    }
+    // untracked and on the plain backend: the forward alone
+    let x = random::<Flex, 4>([b, h, s, d], 1.0);
+    let m = key_mask::<Flex>(b, h, s, &[1, 2]);
+    let e = worst_rel(
+        attention(x.clone(), x.clone(), x.clone(), Some(m.clone())),
+        reference_attention(x, m),
+    );
+    assert!(e < 1e-6, "Flex forward {e:.3e}");
+}
+
+fn reference_attention(x: Tensor<Flex, 4>, m: Tensor<Flex, 4, Bool>) -> Tensor<Flex, 4> {
+    let d = x.dims()[3] as f64;
+    let s = x
+        .clone()
+        .matmul(x.clone().swap_dims(2, 3))
+        .div_scalar(d.sqrt());
+    let p = burn::tensor::activation::softmax(s.mask_fill(m, f32::NEG_INFINITY), 3);
+    p.matmul(x)
 }
 
 #[test]
