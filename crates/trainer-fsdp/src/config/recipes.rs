@@ -161,8 +161,9 @@ impl TrainConfig {
     ///   redrawn per rollout from the pool `[1, 2, 3, 4, 5]` (`[3, 4, 5]` for evaluation) —
     ///   as in the seed;
     /// * Flow-SDE eta 1.2 rather than the seed's 0.7: more rollout noise at this scale.
-    ///   Over five seeds (`docs/SEEDS.md`) it gains +0.176 on average (+0.159 to +0.213)
-    ///   against 0.7's +0.150 (+0.100 to +0.198), the weakest seed most of all;
+    ///   Over five seeds (`docs/SEEDS.md`, the build before the fused kernels) it gained
+    ///   +0.176 on average (+0.159 to +0.213) against 0.7's +0.150 (+0.100 to +0.198); the
+    ///   current build, different in float rounding only, gains +0.121 (+0.040 to +0.202);
     /// * group size 8, 2 disjoint updates per rollout, eps_clip `1e-4`, std mode `group`,
     ///   LoRA dropout 0, no CFG, no KL — as in the seed;
     /// * scaled: 8 prompts per rollout (64 samples, updates of 32, micro-batches of 16 — one
