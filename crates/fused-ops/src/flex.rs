@@ -104,14 +104,31 @@ fn with_rows(t: FlexTensor) -> (FlexTensor, Rows) {
     }
 }
 
+/// The rows of a `[batch, seq, heads, head_dim]` buffer laid out in `order`.
+fn ordered_rows(dims: [usize; 4], order: Order) -> Rows {
+    match order {
+        Order::TokenMajor => Rows::token_major(dims),
+        Order::HeadsMajor => Rows::heads_major(dims),
+    }
+}
+
+/// A buffer laid out by [`ordered_rows`] as the logical `[batch, seq, heads, head_dim]`
+/// tensor (a transposed view of `[batch, heads, seq, head_dim]` when heads-major).
+fn ordered_tensor(out: Vec<f32>, dims: [usize; 4], order: Order) -> FlexTensor {
+    let [b, s, h, d] = dims;
+    match order {
+        Order::TokenMajor => from_vec(out, &dims),
+        Order::HeadsMajor => from_vec(out, &[b, h, s, d]).transpose(1, 2),
+    }
+}
+
 /// RoPE into a heads-major buffer, returned as the logical `[batch, seq, heads, head_dim]`
 /// tensor (a transposed view of `[batch, heads, seq, head_dim]`).
 pub(crate) fn rope(x: FlexTensor, cos: FlexTensor, sin: FlexTensor) -> FlexTensor {
     let (x, xr) = with_rows(x);
     let (cos, sin) = (contiguous(cos), contiguous(sin));
-    let [b, s, h, d] = xr.dims;
-    let or = Rows::heads_major(xr.dims);
-    let mut out = vec![0f32; b * s * h * d];
+    let or = ordered_rows(xr.dims, Order::HeadsMajor);
+    let mut out = vec![0f32; xr.dims.iter().product()];
     kernels::rope(
         x.storage::<f32>(),
         &xr,
@@ -121,7 +138,7 @@ pub(crate) fn rope(x: FlexTensor, cos: FlexTensor, sin: FlexTensor) -> FlexTenso
         &or,
         Turn::Forward,
     );
-    from_vec(out, &[b, h, s, d]).transpose(1, 2)
+    ordered_tensor(out, xr.dims, Order::HeadsMajor)
 }
 
 #[derive(Debug)]
@@ -144,7 +161,7 @@ impl Backward<Flex, 3> for RopeBackward {
         let (g, gr) = with_rows(grads.consume::<Flex>(&ops.node));
         let [b, s, h, d] = gr.dims;
         if let Some(node) = px {
-            let or = Rows::token_major(gr.dims);
+            let or = ordered_rows(gr.dims, Order::TokenMajor);
             let mut out = vec![0f32; b * s * h * d];
             kernels::rope(
                 g.storage::<f32>(),
@@ -155,7 +172,7 @@ impl Backward<Flex, 3> for RopeBackward {
                 &or,
                 Turn::Transposed,
             );
-            grads.register::<Flex>(node.id, from_vec(out, &[b, s, h, d]));
+            grads.register::<Flex>(node.id, ordered_tensor(out, gr.dims, Order::TokenMajor));
         }
         if pc.is_some() || ps.is_some() {
             let (x, xr) = with_rows(st.x.expect("the input is kept when a table is tracked"));
@@ -207,28 +224,14 @@ pub(crate) fn relayout(x: FlexTensor, order: Order) -> FlexTensor {
         return x;
     }
     let (x, xr) = with_rows(x);
-    let [b, s, h, d] = xr.dims;
-    let mut out = vec![0f32; b * s * h * d];
-    match order {
-        Order::TokenMajor => {
-            kernels::copy_rows(
-                x.storage::<f32>(),
-                &xr,
-                &mut out,
-                &Rows::token_major(xr.dims),
-            );
-            from_vec(out, &[b, s, h, d])
-        }
-        Order::HeadsMajor => {
-            kernels::copy_rows(
-                x.storage::<f32>(),
-                &xr,
-                &mut out,
-                &Rows::heads_major(xr.dims),
-            );
-            from_vec(out, &[b, h, s, d]).transpose(1, 2)
-        }
-    }
+    let mut out = vec![0f32; xr.dims.iter().product()];
+    kernels::copy_rows(
+        x.storage::<f32>(),
+        &xr,
+        &mut out,
+        &ordered_rows(xr.dims, order),
+    );
+    ordered_tensor(out, xr.dims, order)
 }
 
 #[derive(Debug)]
@@ -252,22 +255,13 @@ pub(crate) fn relayout_autodiff(x: AutodiffFlexTensor, order: Order) -> Autodiff
 
 /// Scaled dot-product attention of `[batch, heads, seq, head_dim]` tensors on Flex: its own
 /// fused kernel (a score tile at a time, or flash tiles for long sequences).
-fn attention_forward(
-    q: FlexTensor,
-    k: FlexTensor,
-    v: FlexTensor,
-    mask: Option<FlexTensor>,
-) -> FlexTensor {
-    Flex::attention(q, k, v, mask, None, AttentionModuleOptions::default())
-}
-
 pub(crate) fn attention(
     q: FlexTensor,
     k: FlexTensor,
     v: FlexTensor,
     mask: Option<FlexTensor>,
 ) -> FlexTensor {
-    attention_forward(q, k, v, mask)
+    Flex::attention(q, k, v, mask, None, AttentionModuleOptions::default())
 }
 
 #[derive(Debug)]
@@ -342,14 +336,11 @@ pub(crate) fn attention_autodiff(
             };
             prep.finish(
                 state,
-                attention_forward(q.primitive, k.primitive, v.primitive, mask),
+                attention(q.primitive, k.primitive, v.primitive, mask),
             )
         }
-        OpsKind::UnTracked(prep) => prep.finish(attention_forward(
-            q.primitive,
-            k.primitive,
-            v.primitive,
-            mask,
-        )),
+        OpsKind::UnTracked(prep) => {
+            prep.finish(attention(q.primitive, k.primitive, v.primitive, mask))
+        }
     }
 }

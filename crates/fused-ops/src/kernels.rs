@@ -222,9 +222,32 @@ simd_dispatch!(
     rope_batch(x, xr, cos, sin, out, or, turn)
 );
 
+/// Runs `f(x, out)` once per batch row, `x` starting at that row of the input (layout `xr`)
+/// and `out` being that row's block of the output (layout `or`, which must start at 0 and keep
+/// each batch row in its own `strides[0]` block: both layouts above do); split over rayon's pool
+/// when the output is large.
+fn for_each_batch(
+    x: &[f32],
+    xr: &Rows,
+    out: &mut [f32],
+    or: &Rows,
+    f: impl Fn(&[f32], &mut [f32]) + Sync,
+) {
+    let [b, s, h, d] = xr.dims;
+    assert_eq!(or.dims, xr.dims);
+    assert_eq!(or.offset, 0);
+    assert_eq!(or.strides[0], s * h * d);
+    assert_eq!(out.len(), b * s * h * d);
+    let one = |(bi, out): (usize, &mut [f32])| f(&x[xr.offset + bi * xr.strides[0]..], out);
+    if out.len() >= PARALLEL_MIN {
+        out.par_chunks_mut(or.strides[0]).enumerate().for_each(one);
+    } else {
+        out.chunks_mut(or.strides[0]).enumerate().for_each(one);
+    }
+}
+
 /// RoPE of the rows `x` (layout `xr`) by the `[seq, head_dim]` tables into `out` (layout
-/// `or`, which must start at 0 and keep each batch row in its own `strides[0]` block: both
-/// layouts above do), turned [`Turn::Forward`] or [`Turn::Transposed`].
+/// `or`, as for [`for_each_batch`]), turned [`Turn::Forward`] or [`Turn::Transposed`].
 pub(crate) fn rope(
     x: &[f32],
     xr: &Rows,
@@ -234,47 +257,25 @@ pub(crate) fn rope(
     or: &Rows,
     turn: Turn,
 ) {
-    let [b, s, h, d] = xr.dims;
-    assert_eq!(or.dims, xr.dims);
-    assert_eq!(or.offset, 0);
-    assert_eq!(or.strides[0], s * h * d);
-    assert_eq!(out.len(), b * s * h * d);
+    let [_, s, _, d] = xr.dims;
     assert!(cos.len() == s * d && sin.len() == s * d);
-    let block = or.strides[0];
-    let one = |(bi, out): (usize, &mut [f32])| {
-        let x = &x[xr.offset + bi * xr.strides[0]..];
-        rope_batch_simd(x, xr, cos, sin, out, or, turn);
-    };
-    if out.len() >= PARALLEL_MIN {
-        out.par_chunks_mut(block).enumerate().for_each(one);
-    } else {
-        out.chunks_mut(block).enumerate().for_each(one);
-    }
+    for_each_batch(x, xr, out, or, |x, out| {
+        rope_batch_simd(x, xr, cos, sin, out, or, turn)
+    });
 }
 
-/// Copies the rows of `x` (layout `xr`) into `out` (layout `or`, with the same conditions as
-/// [`rope`]'s output), a `head_dim` row at a time.
+/// Copies the rows of `x` (layout `xr`) into `out` (layout `or`, as for [`for_each_batch`]), a
+/// `head_dim` row at a time.
 pub(crate) fn copy_rows(x: &[f32], xr: &Rows, out: &mut [f32], or: &Rows) {
-    let [b, s_len, h_len, d] = xr.dims;
-    assert_eq!(or.dims, xr.dims);
-    assert_eq!(or.offset, 0);
-    assert_eq!(or.strides[0], s_len * h_len * d);
-    assert_eq!(out.len(), b * s_len * h_len * d);
-    let one = |(bi, out): (usize, &mut [f32])| {
-        let x = &x[xr.offset + bi * xr.strides[0]..];
+    let [_, s_len, h_len, d] = xr.dims;
+    for_each_batch(x, xr, out, or, |x, out| {
         for s in 0..s_len {
             for h in 0..h_len {
                 let (xi, oi) = (xr.at(s, h), or.at(s, h));
                 out[oi..oi + d].copy_from_slice(&x[xi..xi + d]);
             }
         }
-    };
-    let block = or.strides[0];
-    if out.len() >= PARALLEL_MIN {
-        out.par_chunks_mut(block).enumerate().for_each(one);
-    } else {
-        out.chunks_mut(block).enumerate().for_each(one);
-    }
+    });
 }
 
 /// The gradients of [`rope`]'s tables: `gcos[s, i] = sum over b, h of g[i] x[i]`,
