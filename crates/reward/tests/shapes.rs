@@ -299,7 +299,7 @@ fn partial_credit_per_constraint() {
         j.constraints.iter().map(|c| c.score).collect::<Vec<_>>(),
         vec![1.0, 0.0, 0.0, 1.0]
     );
-    assert!((j.score - 2.0 / 4.0).abs() < 1e-12);
+    assert!((j.score - 1.0 / 3.0).abs() < 1e-12);
     // three blue squares asked as two: both found and blue, count off by one, one extra
     let j = judge(
         &spec("two blue squares"),
@@ -307,14 +307,14 @@ fn partial_credit_per_constraint() {
     );
     assert_eq!(j.mean_of(ConstraintKind::Count), Some(0.5));
     assert_eq!(j.mean_of(ConstraintKind::Exclusive), Some(2.0 / 3.0));
-    assert!((j.score - (2.5 + 2.0 / 3.0) / 4.0).abs() < 1e-12);
+    assert!((j.score - 2.5 / 3.0 * (2.0 / 3.0)).abs() < 1e-12);
     // the relation reversed: every object right, the relation wrong
     let j = judge(
         &spec("a red circle left of a yellow triangle"),
         &render(&spec("a red circle right of a yellow triangle"), 3, &o).image,
     );
     assert_eq!(j.mean_of(ConstraintKind::Relation), Some(0.0));
-    assert!((j.score - 5.0 / 6.0).abs() < 1e-12, "{j:?}");
+    assert!((j.score - 4.0 / 5.0).abs() < 1e-12, "{j:?}");
     // colour attribution swapped: shapes right, colours wrong
     let j = judge(
         &spec("a red circle and a blue square"),
@@ -322,19 +322,19 @@ fn partial_credit_per_constraint() {
     );
     assert_eq!(j.mean_of(ConstraintKind::Object), Some(1.0));
     assert_eq!(j.mean_of(ConstraintKind::Colour), Some(0.0));
-    assert!((j.score - 3.0 / 5.0).abs() < 1e-12, "{j:?}");
+    assert!((j.score - 2.0 / 4.0).abs() < 1e-12, "{j:?}");
     // one object of two
     let j = judge(
         &spec("a circle and a square"),
         &render(&spec("a purple circle"), 5, &o).image,
     );
-    assert!((j.score - 2.0 / 3.0).abs() < 1e-12, "{j:?}");
+    assert!((j.score - 1.0 / 2.0).abs() < 1e-12, "{j:?}");
     // the right object among others: everything asked is there, but not only that
     let mut scene = render(&spec("a red circle and a blue square"), 7, &o).image;
     let asked = judge(&spec("a red circle"), &scene);
     assert_eq!(asked.mean_of(ConstraintKind::Object), Some(1.0));
     assert_eq!(asked.mean_of(ConstraintKind::Exclusive), Some(0.5));
-    assert!((asked.score - 2.5 / 3.0).abs() < 1e-12, "{asked:?}");
+    assert!((asked.score - 0.5).abs() < 1e-12, "{asked:?}");
     scene = render(&spec("a red circle"), 7, &o).image;
     assert_eq!(judge(&spec("a red circle"), &scene).score, 1.0);
     // the wrong shape entirely
@@ -501,5 +501,53 @@ fn stray_paint_lowers_exclusive() {
     let expected = (paint.clean_fraction() / 0.95).min(1.0);
     assert!(expected < 0.9, "{paint:?}");
     assert_eq!(j.mean_of(ConstraintKind::Exclusive), Some(expected));
-    assert!(j.score < 1.0 && j.score > 0.5, "{j:?}");
+    assert_eq!(
+        j.score, expected,
+        "everything asked is there, times Exclusive: {j:?}"
+    );
+}
+
+/// The reward hack RL found against an averaged `Exclusive`: the asked object among many
+/// blocky blobs of paint. Each blob is a detected object of some shape and colour, so
+/// `Object` and `Colour` hold; as a factor, `Exclusive` takes their share of the score away.
+#[test]
+fn spraying_blobs_around_the_asked_object_does_not_pay() {
+    let o = RenderOptions::default();
+    let asked = spec("a red circle");
+    let clean = render(&asked, 7, &o).image;
+    assert_eq!(judge(&asked, &clean).score, 1.0);
+    // 5x5 squares of the other colours on a lattice, wherever they stay clear of the circle
+    let mut sprayed = clean.clone();
+    let n = IMAGE_SIZE;
+    let colours = [Colour::Blue, Colour::Green, Colour::Yellow, Colour::Purple];
+    let mut blobs = 0;
+    for (k, (x, y)) in (0..n - 5)
+        .step_by(8)
+        .flat_map(|y| (0..n - 5).step_by(8).map(move |x| (x, y)))
+        .enumerate()
+    {
+        let clear = (x.saturating_sub(1)..(x + 6).min(n)).all(|a| {
+            (y.saturating_sub(1)..(y + 6).min(n)).all(|b| clean.pixel(a, b) == BACKGROUND)
+        });
+        if clear {
+            for a in x..x + 5 {
+                for b in y..y + 5 {
+                    sprayed.set_pixel(a, b, colours[k % colours.len()].rgb());
+                }
+            }
+            blobs += 1;
+        }
+    }
+    assert!(blobs >= 6, "{blobs} blobs");
+    let j = judge(&asked, &sprayed);
+    assert_eq!(j.mean_of(ConstraintKind::Object), Some(1.0), "{j:?}");
+    assert_eq!(j.mean_of(ConstraintKind::Colour), Some(1.0), "{j:?}");
+    let exclusive = j.mean_of(ConstraintKind::Exclusive).unwrap();
+    assert!(
+        j.detections.len() > blobs / 2 && exclusive < 0.3,
+        "the blobs are objects the prompt did not ask for: {j:?}"
+    );
+    // averaged, the three constraints would still give (1 + 1 + exclusive) / 3 > 2/3
+    assert_eq!(j.score, exclusive, "{j:?}");
+    assert!(j.score < 0.3, "{j:?}");
 }

@@ -187,13 +187,18 @@ impl<B: AutodiffBackend> Job<B> for TrainJob<B> {
     ) -> Result<RunSummary, TrainerError> {
         let cfg = self.cfg;
         println!(
-            "flowrl {} ({}) in the {}: {} rollouts of {} prompts x {} candidates, {} steps ({}), LoRA rank {}{}, lr {}, seed {}; run directory {}",
+            "flowrl {} ({}) in the {}: {} rollouts of {} prompts x {} candidates{}, {} steps ({}), LoRA rank {}{}, lr {}, seed {}; run directory {}",
             algorithm.name(),
             cfg.recipe.map(|r| r.as_str()).unwrap_or("config file"),
             world.name(),
             cfg.run.num_rollouts,
             cfg.rollout.prompts_per_rollout,
             cfg.rollout.group_size,
+            if cfg.rollout.shared_initial_noise {
+                " (one x_T per group)"
+            } else {
+                ""
+            },
             cfg.sampling.num_inference_steps,
             trained_steps(&cfg),
             cfg.lora_rank(),

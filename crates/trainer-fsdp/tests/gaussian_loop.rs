@@ -213,6 +213,53 @@ fn awm_trains_on_clean_endpoints() {
     }
 }
 
+/// `rollout.shared_initial_noise`: a group's candidates leave the deterministic steps before
+/// the first trained one at the same latent (one `x_T` per group) and part at the first
+/// trained step (their own noise); without it they start apart. Groups differ either way.
+fn shared_initial_noise_starts_each_group_from_one_latent() {
+    for shared in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let key = format!("rollout.shared_initial_noise={shared}");
+        let mut run = start(dir.path(), 1, &[&key]);
+        run.run(&StopFlag::new()).unwrap();
+        let sidecars: Vec<_> = walk(&dir.path().join("artifacts"))
+            .into_iter()
+            .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
+            .collect();
+        assert_eq!(sidecars.len(), 4, "one sidecar per prompt group");
+        let mut firsts = Vec::new();
+        for p in &sidecars {
+            let t = trajectory::read_sidecar(p).unwrap();
+            let shape = t.tracks.latents.shape().to_vec();
+            let (g, steps) = (shape[0], shape[1]);
+            let per: usize = shape[2..].iter().product();
+            let v = t.tracks.latents.to_f32();
+            let at = |c: usize, j: usize| &v[(c * steps + j) * per..(c * steps + j + 1) * per];
+            for c in 1..g {
+                assert_eq!(
+                    at(c, 0) == at(0, 0),
+                    shared,
+                    "{}: candidate {c}'s first trained input against candidate 0's (shared {shared})",
+                    p.display()
+                );
+                assert_ne!(
+                    at(c, 1),
+                    at(0, 1),
+                    "{}: candidate {c} left the first trained step where candidate 0 did",
+                    p.display()
+                );
+            }
+            firsts.push(at(0, 0).to_vec());
+        }
+        for (i, a) in firsts.iter().enumerate() {
+            for b in &firsts[i + 1..] {
+                assert_ne!(a, b, "two groups started from one latent (shared {shared})");
+            }
+        }
+    }
+    println!("test shared_initial_noise_starts_each_group_from_one_latent ... ok");
+}
+
 fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
     let mut out = Vec::new();
     if let Ok(entries) = std::fs::read_dir(dir) {
@@ -353,6 +400,7 @@ fn parent() {
     the_reward_rises();
     the_rollout_anchor_trains_too();
     awm_trains_on_clean_endpoints();
+    shared_initial_noise_starts_each_group_from_one_latent();
     sigkill_and_resume();
     a_second_process_on_a_locked_directory_is_refused();
     kill_before_every_durable_step();

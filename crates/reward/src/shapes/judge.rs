@@ -80,7 +80,7 @@ pub struct ConstraintResult {
 /// The judgement of one image against one scene.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Judgement {
-    /// The reward: the mean of the constraint scores, in `[0, 1]`.
+    /// The reward in `[0, 1]`: the mean score of the asked constraints times `Exclusive`.
     pub score: f64,
     /// Every constraint, in prompt order.
     pub constraints: Vec<ConstraintResult>,
@@ -493,9 +493,18 @@ fn relation_holds(relation: Relation, s: (f64, f64), o: (f64, f64), margin: (f64
 ///   `x_object - x_subject > 0.1 W`; above: `y_object - y_subject > 0.1 H`; image `y` grows
 ///   down), else 0.
 ///
-/// **Score** = the mean of the constraint scores: 1 when everything asked is there and
-/// nothing else, partial credit per constraint otherwise (e.g. `"two blue squares"` drawn as
-/// two red squares scores `(1 + 0 + 0 + 1) / 4`), 0 for an empty image.
+/// **Score** = the mean of the other constraints' scores (what was asked) **times**
+/// `Exclusive` (that nothing else was drawn): 1 when everything asked is there and nothing
+/// else, partial credit per constraint otherwise (e.g. `"two blue squares"` drawn as two red
+/// squares scores `(1 + 0 + 0) / 3 * 1`), 0 for an empty image.
+///
+/// `Exclusive` multiplies rather than averages because, as one constraint among three or four,
+/// it was cheap to give up: RL against the averaged score learned to paint a third to a half
+/// of the canvas in blocky blobs, four to eight detections, so that one of them fits every
+/// requested shape and colour — `Object` and `Colour` at 1 and `Exclusive` near 0.15 kept
+/// about 0.7 for `"a red triangle"`, where a clean image of the wrong shape scores 0. Held-out
+/// means rose from 0.24 to 0.52 on pictures that had stopped showing shapes. As a factor,
+/// extra objects and stray paint cost their share of everything asked.
 pub fn judge(spec: &SceneSpec, image: &RgbImage) -> Judgement {
     let (detections, paint) = detect_with_paint(image);
     let groups = spec.groups();
@@ -684,7 +693,16 @@ pub fn judge(spec: &SceneSpec, image: &RgbImage) -> Judgement {
             score: relation_ok(&matching) as u8 as f64,
         });
     }
-    let score = constraints.iter().map(|c| c.score).sum::<f64>() / constraints.len() as f64;
+    let (mut asked, mut exclusive, mut n) = (0.0, 1.0, 0usize);
+    for c in &constraints {
+        if c.kind == ConstraintKind::Exclusive {
+            exclusive = c.score;
+        } else {
+            asked += c.score;
+            n += 1;
+        }
+    }
+    let score = asked / n.max(1) as f64 * exclusive;
     Judgement {
         score,
         constraints,

@@ -30,8 +30,9 @@
 //!   by default), sizes, positions and colours jittered, optionally anti-aliased; deterministic.
 //! * **Reward** ([`judge`], [`ShapesScorer`]): from the image alone — palette segmentation,
 //!   connected components, shape classification by template fit, counts and centroid
-//!   relations — each constraint of the prompt is scored in `[0, 1]` and the reward is their
-//!   mean (the formula is in [`judge`]).
+//!   relations — each constraint of the prompt is scored in `[0, 1]` and the reward is the
+//!   mean of what was asked times how exclusively it was drawn (the formula, and the reward
+//!   hack that made the exclusivity a factor, are in [`judge`]).
 //!
 //! ```
 //! use reward::shapes::{self, Category, RenderOptions, SceneSpec};

@@ -14,7 +14,8 @@
 //! [sampling]   scheduler, height, width, num_inference_steps, guidance_scale, eta, sde_type,
 //!              solver, storage_dtype, sde_resample_per_rollout, sde_pool, sde_indices,
 //!              num_sde_steps, sde_timestep_fraction (pool, indices and fraction optional)
-//! [rollout]    prompts_per_rollout, group_size, num_updates_per_batch, micro_batch_size
+//! [rollout]    prompts_per_rollout, group_size, num_updates_per_batch, micro_batch_size,
+//!              shared_initial_noise
 //! [algorithm]  kind = "flow_grpo" | "awm", and the variant's keys — FlowGRPO: eps_clip,
 //!              eps_clip_high (optional), advantage_std_mode, kl_coef, anchor ("replay" |
 //!              "rollout", optional); AWM (all optional): eps_clip, eps_clip_high,
@@ -458,6 +459,12 @@ pub struct RolloutSection {
     pub num_updates_per_batch: usize,
     /// Candidates forwarded at once; must divide each update's chunk.
     pub micro_batch_size: usize,
+    /// Every candidate of a prompt group starts from the same `x_T` (DanceGRPO's shared
+    /// initial noise); their trained steps still draw their own noise. The spread within a
+    /// group then comes from the trained steps alone, the decisions the log-probs score.
+    /// `false` (the default, FlowGRPO's): each candidate its own `x_T`.
+    #[serde(default)]
+    pub shared_initial_noise: bool,
 }
 
 /// `[algorithm]`: the RL objective, by `kind`, with the variant's own keys.
