@@ -42,8 +42,9 @@
 //! }
 //! let combination = Combination::new(["shapes"], [("shapes", 1.0)]).unwrap();
 //! match &combination.apply(&scores, &[0, 0]).unwrap().outcomes()[0] {
-//!     // a blue circle for "a red circle": the circle is there, nothing else, the colour wrong
-//!     GroupOutcome::Scored(g) => assert_eq!(g.combined, vec![1.0, 2.0 / 3.0]),
+//!     // a blue circle for "a red circle": the circle is there, the colour wrong (what was asked
+//!     // scores (1 + 0) / 2), nothing else drawn (times 1)
+//!     GroupOutcome::Scored(g) => assert_eq!(g.combined, vec![1.0, 0.5]),
 //!     GroupOutcome::Failed(f) => panic!("{f}"),
 //! }
 //! ```
