@@ -496,15 +496,17 @@ where
         let base = self.base_seed(rollout_id);
         let latent_shape = self.world.latent_shape();
         // shared initial noise: every candidate draws the x_T of its group's first one
-        let noise_ids: Vec<SampleId> = if self.cfg.rollout.shared_initial_noise {
-            (0..ids.len()).map(|i| ids[i - i % g].clone()).collect()
+        let group_firsts: Vec<SampleId>;
+        let noise_ids: &[SampleId] = if self.cfg.rollout.shared_initial_noise {
+            group_firsts = (0..ids.len()).map(|i| ids[i - i % g].clone()).collect();
+            &group_firsts
         } else {
-            ids.clone()
+            &ids
         };
         let x_t = NoiseRecipe::for_samples(
             base,
             latent_shape.to_vec(),
-            &noise_ids,
+            noise_ids,
             NoiseAlgorithm::Pcg64BoxMuller,
         )?
         .generate()

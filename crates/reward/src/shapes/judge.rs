@@ -670,6 +670,12 @@ pub fn judge(spec: &SceneSpec, image: &RgbImage) -> Judgement {
         }
     }
     let matched_total = matching.iter().filter(|m| m.is_some()).count() as f64;
+    let exclusive = if detections.is_empty() {
+        0.0
+    } else {
+        (matched_total / detections.len() as f64).min(1.0)
+            * (paint.clean_fraction() / CLEAN_TOLERANCE).min(1.0)
+    };
     constraints.push(ConstraintResult {
         kind: ConstraintKind::Exclusive,
         group: 0,
@@ -678,12 +684,7 @@ pub fn judge(spec: &SceneSpec, image: &RgbImage) -> Judgement {
             detections.len(),
             100.0 * paint.clean_fraction()
         ),
-        score: if detections.is_empty() {
-            0.0
-        } else {
-            (matched_total / detections.len() as f64).min(1.0)
-                * (paint.clean_fraction() / CLEAN_TOLERANCE).min(1.0)
-        },
+        score: exclusive,
     });
     if let Some(r) = relation {
         constraints.push(ConstraintResult {
@@ -693,16 +694,13 @@ pub fn judge(spec: &SceneSpec, image: &RgbImage) -> Judgement {
             score: relation_ok(&matching) as u8 as f64,
         });
     }
-    let (mut asked, mut exclusive, mut n) = (0.0, 1.0, 0usize);
-    for c in &constraints {
-        if c.kind == ConstraintKind::Exclusive {
-            exclusive = c.score;
-        } else {
-            asked += c.score;
-            n += 1;
-        }
-    }
-    let score = asked / n.max(1) as f64 * exclusive;
+    // every group has an `Object` constraint, so what was asked is never empty
+    let asked: Vec<f64> = constraints
+        .iter()
+        .filter(|c| c.kind != ConstraintKind::Exclusive)
+        .map(|c| c.score)
+        .collect();
+    let score = asked.iter().fold(0.0, |a, s| a + s) / asked.len() as f64 * exclusive;
     Judgement {
         score,
         constraints,
