@@ -1,0 +1,30 @@
+//! # qwen-image
+//!
+//! The components of a diffusers Qwen-Image directory beside its transformer (which is
+//! `dit-models`'), in burn, each loaded from the files a user downloads:
+//!
+//! * [`text_encoder`]: the text path of Qwen2.5-VL (`text_encoder/`): token embedding,
+//!   grouped-query attention with RoPE, RMSNorm, SiLU-gated MLPs, the final norm; transformers 4
+//!   and 5 config layouts and both weight-name layouts; every config key implemented, refused,
+//!   or named as having no effect on the text path.
+//! * [`tokenizer`]: the Qwen2 byte-level BPE (`tokenizer/`), from `tokenizer.json` or from
+//!   `vocab.json` + `merges.txt` with the added tokens of `tokenizer_config.json`.
+//! * [`prompt`]: Qwen-Image's prompt encoding, as `QwenImagePipeline.encode_prompt` does it.
+//!
+//! Numerically equal to transformers / diffusers: `fixtures/generate/qwen_image_fixtures.py`
+//! writes a tiny random Qwen-Image directory with `save_pretrained` and the reference outputs,
+//! which `tests/text_encoder.rs` compares against.
+//!
+//! Not here yet: the VAE (`AutoencoderKLQwenImage`), the whole-directory loader and the
+//! sampling pipeline.
+#![deny(missing_docs)]
+
+mod error;
+pub mod prompt;
+pub mod text_encoder;
+pub mod tokenizer;
+
+pub use error::{ConfigProblem, QwenImageError};
+pub use prompt::{PromptEmbeds, PromptEncoder};
+pub use text_encoder::{TextEncoder, TextEncoderConfig};
+pub use tokenizer::{QwenTokenizer, TokenBatch};
