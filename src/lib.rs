@@ -12,7 +12,7 @@
 //! | [`trajectory`] | rollout records and their crash-safe safetensors sidecars |
 //! | [`flow_grpo`] | advantages, the clipped objective, KL, replay log-probs, update plans |
 //! | [`dit_models`] | the Qwen-Image MMDiT with LoRA, diffusers-compatible weights |
-//! | [`qwen_image`] | the Qwen2.5-VL text encoder, its tokenizer and Qwen-Image's prompt encoding |
+//! | [`qwen_image`] | the Qwen2.5-VL text encoder, its tokenizer, Qwen-Image's prompt encoding, the VAE |
 //! | [`reward`] | scorers (PickScore, JPEG, remote, the shapes world) and their combination |
 //! | [`trainer_fsdp`] | the training loop: config and preflight, phases, checkpoints, monitoring |
 //!

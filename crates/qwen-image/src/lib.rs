@@ -10,21 +10,27 @@
 //! * [`tokenizer`]: the Qwen2 byte-level BPE (`tokenizer/`), from `tokenizer.json` or from
 //!   `vocab.json` + `merges.txt` with the added tokens of `tokenizer_config.json`.
 //! * [`prompt`]: Qwen-Image's prompt encoding, as `QwenImagePipeline.encode_prompt` does it.
+//! * [`vae`]: `AutoencoderKLQwenImage` (`vae/`) on single images: decode, encode (mean and
+//!   log-variance), the per-channel latent normalisation; [`latents`]: the 2×2 packing the
+//!   transformer's tokens use.
 //!
 //! Numerically equal to transformers / diffusers: `fixtures/generate/qwen_image_fixtures.py`
 //! writes a tiny random Qwen-Image directory with `save_pretrained` and the reference outputs,
-//! which `tests/text_encoder.rs` compares against.
+//! which `tests/text_encoder.rs` and `tests/vae.rs` compare against.
 //!
-//! Not here yet: the VAE (`AutoencoderKLQwenImage`), the whole-directory loader and the
-//! sampling pipeline.
+//! Not here yet: video (more than one frame through the VAE), the whole-directory loader and
+//! the sampling pipeline.
 #![deny(missing_docs)]
 
 mod error;
+pub mod latents;
 pub mod prompt;
 pub mod text_encoder;
 pub mod tokenizer;
+pub mod vae;
 
 pub use error::{ConfigProblem, QwenImageError};
 pub use prompt::{PromptEmbeds, PromptEncoder};
 pub use text_encoder::{TextEncoder, TextEncoderConfig};
 pub use tokenizer::{QwenTokenizer, TokenBatch};
+pub use vae::{Vae, VaeConfig};

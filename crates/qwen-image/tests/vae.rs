@@ -1,0 +1,257 @@
+//! The VAE and the latent packing against diffusers (`fixtures/qwen_image/vae.json`, written by
+//! `fixtures/generate/qwen_image_fixtures.py` from the tiny Qwen-Image directory's
+//! `AutoencoderKLQwenImage`), and the errors of bad configurations.
+
+use std::path::{Path, PathBuf};
+
+use burn::backend::NdArray;
+use burn::backend::flex::Flex;
+use burn::tensor::backend::Backend;
+use burn::tensor::{Tensor, TensorData};
+use qwen_image::latents::{pack_latents, unpack_latents};
+use qwen_image::{QwenImageError, Vae, VaeConfig};
+use serde_json::Value;
+
+/// Max-abs tolerance of every comparison against diffusers (f32).
+const TOL: f64 = 1e-4;
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .map(|d| d.join("fixtures").join("qwen_image"))
+        .find(|d| d.is_dir())
+        .expect("fixtures/qwen_image above the crate")
+}
+
+fn fixture() -> Value {
+    let text = std::fs::read_to_string(fixtures().join("vae.json")).expect("vae.json");
+    let v: Value = serde_json::from_str(&text).expect("json");
+    assert_eq!(
+        v["tolerance"]["f32_max_abs"].as_f64(),
+        Some(TOL),
+        "tolerance recorded in the fixture differs"
+    );
+    v
+}
+
+fn vae_dir() -> PathBuf {
+    fixtures().join("tiny_pipeline").join("vae")
+}
+
+/// NaN-propagating maximum (`f64::max` would drop a NaN).
+fn worse(a: f64, b: f64) -> f64 {
+    if a.is_nan() || b.is_nan() {
+        f64::NAN
+    } else {
+        a.max(b)
+    }
+}
+
+/// Max abs difference; NaN on any NaN.
+fn max_abs_err(got: &[f32], want: &[f32]) -> f64 {
+    assert_eq!(got.len(), want.len(), "lengths");
+    got.iter()
+        .zip(want)
+        .map(|(a, b)| (*a as f64 - *b as f64).abs())
+        .fold(0.0, worse)
+}
+
+#[test]
+fn max_abs_err_fails_on_nan_in_either_input() {
+    let passes = |err: f64| err <= TOL;
+    let clean = [0.5f32, -2.0, 1.0];
+    assert!(passes(max_abs_err(&clean, &clean)));
+    for i in 0..clean.len() {
+        let mut nan = clean;
+        nan[i] = f32::NAN;
+        for err in [max_abs_err(&nan, &clean), max_abs_err(&clean, &nan)] {
+            assert!(err.is_nan() && !passes(err), "NaN at {i} read as {err}");
+        }
+    }
+}
+
+fn tensor<B: Backend, const D: usize>(v: &Value, device: &B::Device) -> Tensor<B, D> {
+    let shape: Vec<usize> = v["shape"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d.as_u64().unwrap() as usize)
+        .collect();
+    let data: Vec<f32> = v["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap() as f32)
+        .collect();
+    Tensor::from_data(TensorData::new(data, shape), device)
+}
+
+fn check<B: Backend, const D: usize>(what: &str, got: Tensor<B, D>, want: &Value) {
+    let shape: Vec<usize> = want["shape"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d.as_u64().unwrap() as usize)
+        .collect();
+    assert_eq!(got.dims().to_vec(), shape, "{what}: shape");
+    let data: Vec<f32> = want["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap() as f32)
+        .collect();
+    let got: Vec<f32> = got.into_data().convert::<f32>().to_vec().unwrap();
+    let err = max_abs_err(&got, &data);
+    eprintln!("{what}: max abs error {err:.3e}");
+    assert!(err <= TOL, "{what}: max abs error {err:e} > {TOL:e}");
+}
+
+fn vae_matches_diffusers<B: Backend>(device: &B::Device) {
+    let f = fixture();
+    let case = &f["vae"];
+    let (vae, config) = Vae::<B>::from_dir(vae_dir(), device).unwrap();
+    assert_eq!(
+        (config.z_dim, config.scale_factor(), vae.scale_factor()),
+        (4, 8, 8)
+    );
+    let z = tensor::<B, 4>(&case["latents"], device);
+    check("decode", vae.decode(z.clone()), &case["decoded"]);
+    check(
+        "decode before the clamp",
+        vae.decode_unclamped(z),
+        &case["decoded_unclamped"],
+    );
+    let x = tensor::<B, 4>(&case["image"], device);
+    check(
+        "encode: moments",
+        vae.encode_moments(x.clone()),
+        &case["encoded"],
+    );
+    let dist = vae.encode(x);
+    check("encode: mean", dist.mean, &case["mean"]);
+    check("encode: log-variance", dist.logvar, &case["logvar"]);
+    // The pipeline's last step.
+    let p = &f["pipeline_decode"];
+    let (height, width) = (
+        p["height"].as_u64().unwrap() as usize,
+        p["width"].as_u64().unwrap() as usize,
+    );
+    let unpacked = tensor::<B, 4>(&p["unpacked"], device);
+    let [_, _, h, w] = unpacked.dims();
+    let packed = pack_latents(unpacked.clone()).unwrap();
+    check("pack", packed.clone(), &p["packed"]);
+    check(
+        "unpack",
+        unpack_latents(packed.clone(), h, w).unwrap(),
+        &p["unpacked"],
+    );
+    check(
+        "decode to [0, 1] from packed tokens",
+        vae.decode_packed(packed, height, width).unwrap(),
+        &p["image"],
+    );
+}
+
+#[test]
+fn vae_matches_diffusers_on_flex() {
+    vae_matches_diffusers::<Flex>(&Default::default());
+}
+
+#[test]
+fn vae_matches_diffusers_on_ndarray() {
+    vae_matches_diffusers::<NdArray<f32>>(&Default::default());
+}
+
+#[test]
+fn normalize_inverts_denormalize() {
+    let device = Default::default();
+    let (vae, _) = Vae::<Flex>::from_dir(vae_dir(), &device).unwrap();
+    let x = Tensor::<Flex, 4>::from_data(
+        TensorData::new(
+            (0..48).map(|i| i as f32 * 0.1 - 2.0).collect::<Vec<_>>(),
+            [1, 4, 3, 4],
+        ),
+        &device,
+    );
+    let back = vae.normalize(vae.denormalize(x.clone()));
+    let got: Vec<f32> = back.into_data().to_vec().unwrap();
+    let want: Vec<f32> = x.into_data().to_vec().unwrap();
+    assert!(max_abs_err(&got, &want) <= 1e-5);
+}
+
+#[test]
+fn packing_refuses_sizes_that_do_not_fit() {
+    let device = Default::default();
+    let odd = Tensor::<Flex, 4>::zeros([1, 4, 3, 4], &device);
+    assert!(pack_latents(odd).unwrap_err().to_string().contains("3x4"));
+    let tokens = Tensor::<Flex, 3>::zeros([1, 6, 16], &device);
+    let err = unpack_latents(tokens, 4, 4).unwrap_err().to_string();
+    assert!(err.contains("6 tokens") && err.contains("4x4"), "{err}");
+}
+
+fn edited(edit: impl FnOnce(&mut Value)) -> Result<VaeConfig, QwenImageError> {
+    let dir = tempfile::tempdir().unwrap();
+    let mut v: Value =
+        serde_json::from_str(&std::fs::read_to_string(vae_dir().join("config.json")).unwrap())
+            .unwrap();
+    edit(&mut v);
+    let path = dir.path().join("config.json");
+    std::fs::write(&path, serde_json::to_string(&v).unwrap()).unwrap();
+    VaeConfig::from_json_file(&path)
+}
+
+#[test]
+fn every_vae_config_key_is_implemented_or_refused_by_name() {
+    assert_eq!(
+        edited(|_| {}).unwrap().latents_std,
+        vec![1.5, 0.8, 1.2, 2.0]
+    );
+    let err = edited(|v| {
+        v["attn_scales"] = serde_json::json!([0.5]);
+        v["latents_std"] = serde_json::json!([1.0, 2.0]);
+        v["temperal_downsample"] = serde_json::json!([true]);
+        v["use_tiling_by_default"] = true.into();
+        v["_class_name"] = "AutoencoderKLWan".into();
+    })
+    .unwrap_err();
+    let QwenImageError::Config { problems, .. } = &err else {
+        panic!("{err}")
+    };
+    let keys: Vec<&str> = problems.iter().map(|p| p.key.as_str()).collect();
+    for key in [
+        "attn_scales",
+        "latents_std",
+        "temperal_downsample",
+        "use_tiling_by_default",
+        "_class_name",
+    ] {
+        assert!(keys.contains(&key), "{key} not named in {err}");
+    }
+}
+
+#[test]
+fn a_vae_checkpoint_that_does_not_fit_is_named() {
+    // The config asks for more residual blocks than the checkpoint holds.
+    let dir = tempfile::tempdir().unwrap();
+    let mut v: Value =
+        serde_json::from_str(&std::fs::read_to_string(vae_dir().join("config.json")).unwrap())
+            .unwrap();
+    v["num_res_blocks"] = 2.into();
+    std::fs::write(
+        dir.path().join("config.json"),
+        serde_json::to_string(&v).unwrap(),
+    )
+    .unwrap();
+    std::fs::copy(
+        vae_dir().join("diffusion_pytorch_model.safetensors"),
+        dir.path().join("diffusion_pytorch_model.safetensors"),
+    )
+    .unwrap();
+    let err = Vae::<Flex>::from_dir(dir.path(), &Default::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("decoder.up_blocks.0.resnets.2.conv1.weight") && err.contains("missing"),
+        "{err}"
+    );
+}
