@@ -5,7 +5,93 @@ use std::path::Path;
 use burn::config::Config;
 use serde_json::Value;
 
-use crate::error::{ConfigProblem, DitError};
+use crate::error::{ConfigProblem, DitError, KeyProblem};
+
+/// Keys of a transformer `config.json` that change nothing in the model, and why.
+pub const INERT_CONFIG_KEYS: &[(&str, &str)] = &[
+    ("_class_name", "checked to be QwenImageTransformer2DModel"),
+    ("_diffusers_version", "the version that saved the file"),
+    ("_name_or_path", "where the file came from"),
+    (
+        "pooled_projection_dim",
+        "written by early Qwen-Image releases; diffusers does not read it",
+    ),
+];
+
+/// diffusers' flags for the Qwen-Image variants this crate does not implement: accepted when
+/// `false` (the base model), refused by name when `true`, with what each would change.
+pub const UNIMPLEMENTED_FLAGS: &[(&str, &str)] = &[
+    (
+        "zero_cond_t",
+        "a second, zero timestep embedding for the condition image tokens (Qwen-Image-Edit-2511)",
+    ),
+    (
+        "use_additional_t_cond",
+        "an extra learned timestep condition added to the timestep embedding",
+    ),
+    (
+        "use_layer3d_rope",
+        "the layered 3-D RoPE of Qwen-Image-Layered (a different frame axis)",
+    ),
+];
+
+/// The keys [`QwenImageConfig::from_diffusers_json`] reads.
+const READ_KEYS: &[&str] = &[
+    "patch_size",
+    "in_channels",
+    "out_channels",
+    "num_layers",
+    "attention_head_dim",
+    "num_attention_heads",
+    "joint_attention_dim",
+    "guidance_embeds",
+    "axes_dims_rope",
+];
+
+/// Every key of a transformer `config.json` is read, inert, or an unimplemented flag at
+/// `false`; the others are listed together.
+fn check_keys(path: &Path, v: &Value) -> Result<(), DitError> {
+    let Some(map) = v.as_object() else {
+        return Err(DitError::ConfigKeys {
+            path: path.into(),
+            problems: vec![KeyProblem {
+                key: "(root)".into(),
+                given: v.to_string(),
+                expected: "a JSON object".into(),
+            }],
+        });
+    };
+    let mut problems = Vec::new();
+    for (key, value) in map {
+        let k = key.as_str();
+        let problem = |expected: String| KeyProblem {
+            key: key.clone(),
+            given: value.to_string(),
+            expected,
+        };
+        if let Some((_, what)) = UNIMPLEMENTED_FLAGS.iter().find(|(f, _)| *f == k) {
+            if !matches!(value, Value::Bool(false) | Value::Null) {
+                problems.push(problem(format!("false: not implemented ({what})")));
+            }
+        } else if k == "_class_name" {
+            if value != "QwenImageTransformer2DModel" {
+                problems.push(problem("\"QwenImageTransformer2DModel\"".into()));
+            }
+        } else if !READ_KEYS.contains(&k) && !INERT_CONFIG_KEYS.iter().any(|(i, _)| *i == k) {
+            problems.push(problem(
+                "no such key in a QwenImageTransformer2DModel this crate implements".into(),
+            ));
+        }
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(DitError::ConfigKeys {
+            path: path.into(),
+            problems,
+        })
+    }
+}
 
 /// Configuration of [`QwenImageTransformer2DModel`](crate::QwenImageTransformer2DModel).
 ///
@@ -153,9 +239,11 @@ impl QwenImageConfig {
 
     /// Reads a diffusers `config.json` (e.g. a hub checkpoint's `transformer/config.json`).
     ///
-    /// Keys starting with `_` and keys diffusers does not use (`pooled_projection_dim`) are
-    /// ignored; missing keys take diffusers' defaults (those of [`Self::qwen_image`]);
-    /// `out_channels: null` means `in_channels`, as in diffusers. The result is validated.
+    /// Missing keys take diffusers' defaults (those of [`Self::qwen_image`]);
+    /// `out_channels: null` means `in_channels`, as in diffusers. Every key present is either
+    /// read, one of [`INERT_CONFIG_KEYS`], or one of diffusers' variant flags
+    /// ([`UNIMPLEMENTED_FLAGS`]: accepted at `false`, refused by name when `true`); any other
+    /// key is an error naming it ([`DitError::ConfigKeys`]). The result is validated.
     pub fn from_diffusers_json(path: impl AsRef<Path>) -> Result<Self, DitError> {
         let path = path.as_ref();
         let text = std::fs::read_to_string(path).map_err(|e| DitError::io(path, e))?;
@@ -163,6 +251,7 @@ impl QwenImageConfig {
             path: path.into(),
             source,
         })?;
+        check_keys(path, &v)?;
         let field_err = |field: &'static str, expected: &'static str| DitError::JsonField {
             path: path.into(),
             field,

@@ -28,6 +28,27 @@ impl fmt::Display for ConfigProblem {
 
 pub use model_weights::{DtypeProblem, ShapeMismatch, WeightReport};
 
+/// One problem with a key of a `config.json`: the key, the value found, what is accepted.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KeyProblem {
+    /// The key.
+    pub key: String,
+    /// The value found, as JSON.
+    pub given: String,
+    /// What is accepted.
+    pub expected: String,
+}
+
+impl fmt::Display for KeyProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} = {} (expected {})",
+            self.key, self.given, self.expected
+        )
+    }
+}
+
 /// A field where an adapter contract and what is being loaded disagree.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ContractMismatch {
@@ -137,11 +158,27 @@ pub enum DitError {
 
     /// No checkpoint was found where one was expected.
     #[error(
-        "no diffusers checkpoint in {dir}: expected diffusion_pytorch_model.safetensors or diffusion_pytorch_model.safetensors.index.json"
+        "no diffusers checkpoint in {dir}: expected {}{}",
+        expected.join(" or "),
+        if variants.is_empty() { String::new() } else { format!(" (it holds the variant files of {}: load that variant)", variants.join(", ")) }
     )]
     NoCheckpoint {
         /// The directory searched.
         dir: PathBuf,
+        /// The file names looked for.
+        expected: Vec<String>,
+        /// The variants (`bf16`, ...) whose files the directory holds instead.
+        variants: Vec<String>,
+    },
+
+    /// A `config.json` has keys this crate does not implement, or a flag set to a value it
+    /// does not implement; every key is named.
+    #[error("{path}: {}", join(problems))]
+    ConfigKeys {
+        /// The configuration file.
+        path: PathBuf,
+        /// Each key, its value and what is accepted.
+        problems: Vec<KeyProblem>,
     },
 
     /// A sharded index names a key twice or is otherwise inconsistent with its shards.
@@ -244,7 +281,15 @@ impl From<model_weights::WeightsError> for DitError {
                 expected,
             },
             W::Safetensors { path, source } => DitError::Safetensors { path, source },
-            W::NoCheckpoint { dir, .. } => DitError::NoCheckpoint { dir },
+            W::NoCheckpoint {
+                dir,
+                expected,
+                variants,
+            } => DitError::NoCheckpoint {
+                dir,
+                expected,
+                variants,
+            },
             W::IndexMismatch { path, key, shard } => DitError::IndexMismatch { path, key, shard },
             W::DuplicateKey {
                 path,

@@ -61,9 +61,10 @@ pub mod weights;
 
 pub use adapter_files::{AdapterFormat, AdapterImport, AlphaSource, ImportDropout, read_adapter};
 pub use checkpointing::{ActivationCheckpointing, BackwardOutput};
-pub use config::{NORM_EPS, QwenImageConfig, ROPE_THETA};
+pub use config::{INERT_CONFIG_KEYS, NORM_EPS, QwenImageConfig, ROPE_THETA, UNIMPLEMENTED_FLAGS};
 pub use error::{
-    ConfigProblem, ContractMismatch, DitError, DtypeProblem, ShapeMismatch, WeightReport,
+    ConfigProblem, ContractMismatch, DitError, DtypeProblem, KeyProblem, ShapeMismatch,
+    WeightReport,
 };
 pub use layers::Adapters;
 pub use lora::{AdapterContract, DEFAULT_TARGET_MODULES, LoraConfig};

@@ -40,13 +40,16 @@ pub enum WeightDtype {
 }
 
 /// How to load a checkpoint.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LoadOptions {
     /// Device dtype of the weights.
     pub dtype: WeightDtype,
     /// Compute the base-model hash ([`hash_tensors`]) while loading. It reads every weight
     /// once more through sha256 (tens of seconds at 20B); adapter contracts need it.
     pub hash: bool,
+    /// The checkpoint variant to read (`bf16` reads `diffusion_pytorch_model.bf16.safetensors`
+    /// or its sharded index), as diffusers' `variant=`; `None` reads the plain files.
+    pub variant: Option<String>,
 }
 
 impl Default for LoadOptions {
@@ -55,6 +58,7 @@ impl Default for LoadOptions {
         Self {
             dtype: WeightDtype::F32,
             hash: true,
+            variant: None,
         }
     }
 }
@@ -85,6 +89,12 @@ impl Checkpoint {
     /// `diffusion_pytorch_model.safetensors`.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, DitError> {
         Ok(model_weights::Checkpoint::open(path, &[DIFFUSERS])?.into())
+    }
+
+    /// [`Checkpoint::open`] of a variant's files (`diffusion_pytorch_model.bf16.safetensors`,
+    /// `diffusion_pytorch_model.safetensors.index.bf16.json`), or the plain ones with `None`.
+    pub fn open_variant(path: impl AsRef<Path>, variant: Option<&str>) -> Result<Self, DitError> {
+        Ok(model_weights::Checkpoint::open_variant(path, &[DIFFUSERS], variant)?.into())
     }
 
     /// Opens a sharded checkpoint from its index file.
@@ -219,7 +229,7 @@ impl<B: Backend> QwenImageTransformer2DModel<B> {
     ) -> Result<Self, DitError> {
         let dir = dir.as_ref();
         let config = QwenImageConfig::from_diffusers_json(dir.join(CONFIG_FILE))?;
-        let checkpoint = Checkpoint::open(dir)?;
+        let checkpoint = Checkpoint::open_variant(dir, options.variant.as_deref())?;
         config.init::<B>(device).load_weights(&checkpoint, options)
     }
 

@@ -161,3 +161,98 @@ fn invalid_config_lists_every_problem() {
         other => panic!("{other}"),
     }
 }
+
+/// A copy of the tiny transformer whose `config.json` is edited.
+fn with_config(edit: impl FnOnce(&mut serde_json::Value)) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let src = fixtures().join("tiny_single");
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    edit(&mut v);
+    std::fs::write(dir.path().join("config.json"), v.to_string()).unwrap();
+    std::fs::copy(
+        src.join("diffusion_pytorch_model.safetensors"),
+        dir.path().join("diffusion_pytorch_model.safetensors"),
+    )
+    .unwrap();
+    dir
+}
+
+/// diffusers 0.42's variant flags are accepted at `false` and refused by name at `true`, an
+/// unknown key is named, and the keys diffusers does not read are accepted.
+#[test]
+fn every_config_key_is_read_or_refused_by_name() {
+    let ok = with_config(|v| {
+        v["zero_cond_t"] = false.into();
+        v["use_additional_t_cond"] = false.into();
+        v["use_layer3d_rope"] = false.into();
+        v["pooled_projection_dim"] = 768.into();
+        v["_diffusers_version"] = "0.42.1".into();
+    });
+    QwenImageConfig::from_diffusers_json(ok.path().join("config.json")).unwrap();
+    let bad = with_config(|v| {
+        v["use_layer3d_rope"] = true.into();
+        v["use_additional_t_cond"] = true.into();
+        v["zero_cond_t"] = true.into();
+        v["some_future_flag"] = 1.into();
+    });
+    let err = QwenImageConfig::from_diffusers_json(bad.path().join("config.json")).unwrap_err();
+    let DitError::ConfigKeys { problems, .. } = &err else {
+        panic!("{err}")
+    };
+    let keys: Vec<&str> = problems.iter().map(|p| p.key.as_str()).collect();
+    for key in [
+        "use_layer3d_rope",
+        "use_additional_t_cond",
+        "zero_cond_t",
+        "some_future_flag",
+    ] {
+        assert!(keys.contains(&key), "{key} not named in {err}");
+    }
+    assert!(err.to_string().contains("Qwen-Image-Layered"), "{err}");
+    // The loader stops at the config: nothing is loaded.
+    let err = QwenImageTransformer2DModel::<Flex>::from_pretrained(
+        bad.path(),
+        &Default::default(),
+        LoadOptions::default(),
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("use_layer3d_rope"), "{err}");
+}
+
+/// `diffusion_pytorch_model.bf16.safetensors` loads with `variant: Some("bf16")`, gives the
+/// plain file's outputs, and without the variant the error names the variant present.
+#[test]
+fn variant_files_load_by_their_variant() {
+    let dir = with_config(|_| {});
+    std::fs::rename(
+        dir.path().join("diffusion_pytorch_model.safetensors"),
+        dir.path().join("diffusion_pytorch_model.bf16.safetensors"),
+    )
+    .unwrap();
+    let device = Default::default();
+    let err = QwenImageTransformer2DModel::<Flex>::from_pretrained(
+        dir.path(),
+        &device,
+        LoadOptions::default(),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(&err, DitError::NoCheckpoint { variants, .. } if variants == &["bf16"]),
+        "{err}"
+    );
+    assert!(err.to_string().contains("bf16"), "{err}");
+    let options = LoadOptions {
+        variant: Some("bf16".into()),
+        ..LoadOptions::default()
+    };
+    let variant =
+        QwenImageTransformer2DModel::<Flex>::from_pretrained(dir.path(), &device, options).unwrap();
+    let plain = QwenImageTransformer2DModel::<Flex>::from_pretrained(
+        fixtures().join("tiny_single"),
+        &device,
+        LoadOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(variant.base_model_hash(), plain.base_model_hash());
+}

@@ -1,7 +1,7 @@
 //! Opening a checkpoint (one safetensors file, or the shards an index JSON names), memory-mapped;
 //! listing its tensors; reading one tensor at a time; checking it against what a model expects.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
@@ -145,24 +145,94 @@ fn read_json(path: &Path) -> Result<serde_json::Value, WeightsError> {
     })
 }
 
+/// A file name with a variant (`bf16`, `fp16`, ...) inserted before its last extension, as
+/// diffusers and transformers name variant files: `diffusion_pytorch_model.safetensors` ->
+/// `diffusion_pytorch_model.bf16.safetensors`, `model.safetensors.index.json` ->
+/// `model.safetensors.index.bf16.json`.
+///
+/// ```
+/// assert_eq!(
+///     model_weights::variant_name("diffusion_pytorch_model.safetensors", "bf16"),
+///     "diffusion_pytorch_model.bf16.safetensors"
+/// );
+/// assert_eq!(
+///     model_weights::variant_name("model.safetensors.index.json", "fp16"),
+///     "model.safetensors.index.fp16.json"
+/// );
+/// ```
+pub fn variant_name(name: &str, variant: &str) -> String {
+    match name.rsplit_once('.') {
+        Some((stem, ext)) => format!("{stem}.{variant}.{ext}"),
+        None => format!("{name}.{variant}"),
+    }
+}
+
+/// The variants whose single file or index `dir` holds for `layouts`, sorted.
+fn variants_present(dir: &Path, layouts: &[Layout]) -> Vec<String> {
+    let mut found = BTreeSet::new();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        for layout in layouts {
+            for base in [layout.single, layout.index] {
+                let Some((stem, ext)) = base.rsplit_once('.') else {
+                    continue;
+                };
+                if let Some(v) = name
+                    .strip_prefix(&format!("{stem}."))
+                    .and_then(|rest| rest.strip_suffix(&format!(".{ext}")))
+                    && !v.is_empty()
+                    && !v.contains('.')
+                    && !v.contains('-')
+                {
+                    found.insert(v.to_string());
+                }
+            }
+        }
+    }
+    found.into_iter().collect()
+}
+
 impl Checkpoint {
     /// Opens a checkpoint: a safetensors file, or a directory holding, for the first of
     /// `layouts` that matches, its index (sharded; tried first) or its single file.
     ///
     /// # Errors
-    /// [`WeightsError::NoCheckpoint`] listing the names looked for; any error of
-    /// [`Checkpoint::open_file`] or [`Checkpoint::open_index`].
+    /// [`WeightsError::NoCheckpoint`] listing the names looked for (and the variants the
+    /// directory holds instead, if any); any error of [`Checkpoint::open_file`] or
+    /// [`Checkpoint::open_index`].
     pub fn open(path: impl AsRef<Path>, layouts: &[Layout]) -> Result<Self, WeightsError> {
+        Self::open_variant(path, layouts, None)
+    }
+
+    /// [`Checkpoint::open`] of a variant's files (`diffusion_pytorch_model.bf16.safetensors`,
+    /// `...safetensors.index.bf16.json`; see [`variant_name`]), or of the plain files with
+    /// `None`. Like diffusers, a requested variant that is absent is an error, never a silent
+    /// fall back to the plain files.
+    ///
+    /// # Errors
+    /// As [`Checkpoint::open`].
+    pub fn open_variant(
+        path: impl AsRef<Path>,
+        layouts: &[Layout],
+        variant: Option<&str>,
+    ) -> Result<Self, WeightsError> {
         let path = path.as_ref();
         if path.is_file() {
             return Self::open_file(path);
         }
+        let name = |n: &str| match variant {
+            Some(v) => variant_name(n, v),
+            None => n.to_string(),
+        };
         for layout in layouts {
-            let index = path.join(layout.index);
+            let index = path.join(name(layout.index));
             if index.is_file() {
                 return Self::open_index(&index);
             }
-            let single = path.join(layout.single);
+            let single = path.join(name(layout.single));
             if single.is_file() {
                 return Self::from_shards(path, vec![open_shard(&single)?], None, None);
             }
@@ -171,7 +241,11 @@ impl Checkpoint {
             dir: path.into(),
             expected: layouts
                 .iter()
-                .flat_map(|l| [l.index.to_string(), l.single.to_string()])
+                .flat_map(|l| [name(l.index), name(l.single)])
+                .collect(),
+            variants: variants_present(path, layouts)
+                .into_iter()
+                .filter(|v| Some(v.as_str()) != variant)
                 .collect(),
         })
     }

@@ -54,12 +54,14 @@ pub enum WeightsError {
     },
 
     /// A directory holds none of the checkpoint files of the layouts searched.
-    #[error("no safetensors checkpoint in {dir}: expected one of {}", expected.join(", "))]
+    #[error("no safetensors checkpoint in {dir}: expected one of {}{}", expected.join(", "), variants_hint(variants))]
     NoCheckpoint {
         /// The directory searched.
         dir: PathBuf,
         /// The file names looked for, in the order tried.
         expected: Vec<String>,
+        /// The variants (`bf16`, `fp16`, ...) whose files the directory does hold, if any.
+        variants: Vec<String>,
     },
 
     /// A sharded index names a tensor that its shard does not hold.
@@ -122,5 +124,16 @@ impl WeightsError {
             path: path.into(),
             source,
         }
+    }
+}
+
+fn variants_hint(variants: &[String]) -> String {
+    if variants.is_empty() {
+        String::new()
+    } else {
+        format!(
+            " (it holds the variant files of {}: load that variant)",
+            variants.join(", ")
+        )
     }
 }

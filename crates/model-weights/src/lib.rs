@@ -6,7 +6,8 @@
 //! * [`Checkpoint`]: one `.safetensors` file, or the shards an index JSON names
 //!   (`{"weight_map": {key: shard}}`), opened from a directory by the file names of a
 //!   [`Layout`] ([`DIFFUSERS`], [`TRANSFORMERS`]); memory-mapped, headers validated on open,
-//!   every key in exactly one shard.
+//!   every key in exactly one shard; variant files (`diffusion_pytorch_model.bf16.safetensors`)
+//!   by [`Checkpoint::open_variant`].
 //! * Listing ([`Checkpoint::keys`], [`Checkpoint::meta`]: dtype and shape) and reading one
 //!   tensor at a time from the mapping: [`Checkpoint::read_f32`], [`Checkpoint::read_f64`],
 //!   [`Checkpoint::read_as`] a requested [`FloatDtype`] (f64, f32, f16, bf16 stored; bf16 ->
@@ -29,7 +30,7 @@ mod error;
 mod hash;
 mod report;
 
-pub use checkpoint::{Checkpoint, DIFFUSERS, Layout, TRANSFORMERS, TensorMeta};
+pub use checkpoint::{Checkpoint, DIFFUSERS, Layout, TRANSFORMERS, TensorMeta, variant_name};
 pub use convert::{FloatDtype, FloatValues, decode, decode_f32, decode_f64, transpose};
 pub use error::WeightsError;
 pub use hash::{ContentHasher, hash_tensors, hex, tensor_digest};

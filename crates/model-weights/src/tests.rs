@@ -103,13 +103,63 @@ fn single_files_open_by_path_and_by_directory_for_each_layout() {
             DIFFUSERS
         };
         match Checkpoint::open(dir.path(), &[other]).unwrap_err() {
-            WeightsError::NoCheckpoint { dir: d, expected } => {
+            WeightsError::NoCheckpoint {
+                dir: d,
+                expected,
+                variants,
+            } => {
                 assert_eq!(d, dir.path());
                 assert_eq!(expected, [other.index, other.single]);
+                assert!(variants.is_empty());
             }
             e => panic!("{e}"),
         }
     }
+}
+
+#[test]
+fn variant_files_open_by_their_variant_and_are_named_when_absent() {
+    let dir = tempfile::tempdir().unwrap();
+    let bf16 = dir.path().join(variant_name(DIFFUSERS.single, "bf16"));
+    single(&bf16);
+    // The plain files are absent: the error names the variant the directory holds.
+    let err = Checkpoint::open(dir.path(), &[DIFFUSERS]).unwrap_err();
+    let WeightsError::NoCheckpoint { variants, .. } = &err else {
+        panic!("{err}")
+    };
+    assert_eq!(variants, &["bf16"]);
+    assert!(err.to_string().contains("variant files of bf16"), "{err}");
+    let c = Checkpoint::open_variant(dir.path(), &[DIFFUSERS], Some("bf16")).unwrap();
+    assert_eq!(c.path(), dir.path());
+    assert!(c.contains("a.bias"));
+    // A requested variant that is absent never falls back to other files.
+    single(&dir.path().join(DIFFUSERS.single));
+    let err = Checkpoint::open_variant(dir.path(), &[DIFFUSERS], Some("fp16")).unwrap_err();
+    let WeightsError::NoCheckpoint {
+        expected, variants, ..
+    } = &err
+    else {
+        panic!("{err}")
+    };
+    assert!(
+        expected.contains(&"diffusion_pytorch_model.fp16.safetensors".to_string()),
+        "{err}"
+    );
+    assert!(
+        expected.contains(&"diffusion_pytorch_model.safetensors.index.fp16.json".to_string()),
+        "{err}"
+    );
+    assert_eq!(variants, &["bf16"]);
+    // A sharded variant: its index under the variant's name.
+    let dir = tempfile::tempdir().unwrap();
+    let index = sharded(dir.path(), TRANSFORMERS);
+    std::fs::rename(
+        &index,
+        dir.path().join(variant_name(TRANSFORMERS.index, "fp16")),
+    )
+    .unwrap();
+    let c = Checkpoint::open_variant(dir.path(), &[TRANSFORMERS], Some("fp16")).unwrap();
+    assert_eq!(c.num_shards(), 2);
 }
 
 #[test]

@@ -468,6 +468,7 @@ pub fn export_qwen_image_transformer<Bi: burn::tensor::backend::Backend>(
                 LoadOptions {
                     dtype: WeightDtype::F32,
                     hash: contract.is_some(),
+                    variant: None,
                 },
             )
         };

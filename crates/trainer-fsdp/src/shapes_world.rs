@@ -352,6 +352,7 @@ fn load_transformer<B: Backend>(
         dit_models::LoadOptions {
             dtype: dit_models::WeightDtype::F32,
             hash: true,
+            variant: None,
         },
     )?)
 }

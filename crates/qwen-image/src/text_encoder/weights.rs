@@ -157,9 +157,22 @@ impl<B: Backend> TextEncoder<B> {
         dir: impl AsRef<Path>,
         device: &B::Device,
     ) -> Result<(Self, TextEncoderConfig), QwenImageError> {
+        Self::from_dir_variant(dir, None, device)
+    }
+
+    /// [`TextEncoder::from_dir`] reading a variant's files (`model.bf16.safetensors` or
+    /// `model.safetensors.index.bf16.json` for `Some("bf16")`), as transformers' `variant=`.
+    ///
+    /// # Errors
+    /// As [`TextEncoder::from_dir`]; a missing variant is an error, never a fall back.
+    pub fn from_dir_variant(
+        dir: impl AsRef<Path>,
+        variant: Option<&str>,
+        device: &B::Device,
+    ) -> Result<(Self, TextEncoderConfig), QwenImageError> {
         let dir = dir.as_ref();
         let config = TextEncoderConfig::from_json_file(dir.join(CONFIG_FILE))?;
-        let ckpt = Checkpoint::open(dir, &[TRANSFORMERS])?;
+        let ckpt = Checkpoint::open_variant(dir, &[TRANSFORMERS], variant)?;
         let model = Self::load(&ckpt, &config, device)?;
         Ok((model, config))
     }

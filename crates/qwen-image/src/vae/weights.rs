@@ -358,9 +358,23 @@ impl<B: Backend> Vae<B> {
         dir: impl AsRef<Path>,
         device: &B::Device,
     ) -> Result<(Self, VaeConfig), QwenImageError> {
+        Self::from_dir_variant(dir, None, device)
+    }
+
+    /// [`Vae::from_dir`] reading a variant's files
+    /// (`diffusion_pytorch_model.bf16.safetensors` for `Some("bf16")`), as diffusers'
+    /// `variant=`.
+    ///
+    /// # Errors
+    /// As [`Vae::from_dir`]; a missing variant is an error, never a fall back.
+    pub fn from_dir_variant(
+        dir: impl AsRef<Path>,
+        variant: Option<&str>,
+        device: &B::Device,
+    ) -> Result<(Self, VaeConfig), QwenImageError> {
         let dir = dir.as_ref();
         let config = VaeConfig::from_json_file(dir.join(CONFIG_FILE))?;
-        let ckpt = Checkpoint::open(dir, &[DIFFUSERS])?;
+        let ckpt = Checkpoint::open_variant(dir, &[DIFFUSERS], variant)?;
         Ok((Self::load(&ckpt, &config, device)?, config))
     }
 
