@@ -13,23 +13,28 @@
 //! * [`vae`]: `AutoencoderKLQwenImage` (`vae/`) on single images: decode, encode (mean and
 //!   log-variance), the per-channel latent normalisation; [`latents`]: the 2×2 packing the
 //!   transformer's tokens use.
+//! * [`pipeline`]: a whole directory from its `model_index.json`, every component checked;
+//!   the frozen components (tokenizer, text encoder, VAE) loaded, the transformer's folder
+//!   handed to `dit-models`.
 //!
 //! Numerically equal to transformers / diffusers: `fixtures/generate/qwen_image_fixtures.py`
 //! writes a tiny random Qwen-Image directory with `save_pretrained` and the reference outputs,
 //! which `tests/text_encoder.rs` and `tests/vae.rs` compare against.
 //!
-//! Not here yet: video (more than one frame through the VAE), the whole-directory loader and
-//! the sampling pipeline.
+//! Not here: video (more than one frame through the VAE) and sampling, which is RL code
+//! (`sde-math`) that model crates do not know; the trainer's Qwen-Image world composes them.
 #![deny(missing_docs)]
 
 mod error;
 pub mod latents;
+pub mod pipeline;
 pub mod prompt;
 pub mod text_encoder;
 pub mod tokenizer;
 pub mod vae;
 
 pub use error::{ConfigProblem, QwenImageError};
+pub use pipeline::{FrozenComponents, PipelineIndex};
 pub use prompt::{PromptEmbeds, PromptEncoder};
 pub use text_encoder::{TextEncoder, TextEncoderConfig};
 pub use tokenizer::{QwenTokenizer, TokenBatch};
