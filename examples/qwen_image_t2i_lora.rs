@@ -50,7 +50,7 @@ use burn::backend::Autodiff;
 use burn::tensor::backend::AutodiffBackend;
 use clap::Parser;
 use flowrl::backend::BackendKind;
-use trainer_fsdp::config::GeneratorSource;
+use trainer_fsdp::config::{GeneratorSource, ScorerSpec};
 use trainer_fsdp::sweep::{SeedOutcome, SweepTable};
 use trainer_fsdp::{Override, Preflight, RecipeName, RunSummary, StopFlag, TrainConfig};
 
@@ -71,10 +71,16 @@ struct Args {
     /// Weighted Matching with its defaults; `--set algorithm.<key>=...` still applies after it).
     #[arg(long, value_name = "NAME")]
     algorithm: Option<String>,
-    /// A diffusers Qwen-Image directory (trains the real model instead of the shapes world).
+    /// A diffusers Qwen-Image directory (trains the real model instead of the shapes world;
+    /// prompts come from `[data] train` and `[data] eval`).
     #[arg(long)]
     model_path: Option<PathBuf>,
-    /// The PickScore model directory (with --model-path).
+    /// The weight files' variant of --model-path (`bf16` reads
+    /// `diffusion_pytorch_model.bf16.safetensors`), as diffusers' `variant=`.
+    #[arg(long, value_name = "VARIANT", requires = "model_path")]
+    variant: Option<String>,
+    /// The PickScore model directory: sets the model path of `[reward] scorers`' pickscore
+    /// scorer (an error when the config has none).
     #[arg(long)]
     reward_model_path: Option<PathBuf>,
     /// Continue from the last committed checkpoint (an error when none is committed; with
@@ -153,8 +159,25 @@ fn main() -> Result<()> {
     if let Some(model_path) = &args.model_path {
         cfg.model.generator = GeneratorSource::QwenImage {
             model_path: model_path.clone(),
-            reward_model_path: args.reward_model_path.clone(),
+            variant: args.variant.clone(),
         };
+    }
+    if let Some(path) = &args.reward_model_path {
+        let mut pickscores = cfg
+            .reward
+            .scorers
+            .iter_mut()
+            .filter_map(|s| match s {
+                ScorerSpec::Pickscore { model_path } => Some(model_path),
+                _ => None,
+            })
+            .peekable();
+        if pickscores.peek().is_none() {
+            bail!(
+                "--reward-model-path: the config's [reward] scorers have no pickscore scorer to point at it"
+            );
+        }
+        pickscores.for_each(|p| *p = path.clone());
     }
     let kind: BackendKind = args.backend.parse()?;
     kind.ensure_available()?;

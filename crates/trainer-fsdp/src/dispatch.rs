@@ -29,6 +29,7 @@ use crate::algorithm::{Algorithm, FlowGrpo};
 use crate::awm::Awm;
 use crate::config::{AlgorithmPlan, GeneratorSource, Preflight, TrainConfig};
 use crate::error::TrainerError;
+use crate::qwen_image_world::QwenImageWorld;
 use crate::run::{Run, RunSummary};
 use crate::shapes_world::ShapesWorld;
 use crate::signal::StopFlag;
@@ -66,9 +67,7 @@ pub trait WorldJob<B: AutodiffBackend> {
 /// Loads the world that `cfg.model.generator` names and runs `job` with it.
 ///
 /// # Errors
-/// [`TrainerError::GeneratorUnsupported`] for a generator whose pipeline does not exist yet
-/// (a diffusers Qwen-Image directory: the text encoder, tokenizer and VAE are missing), world
-/// loading errors, and the job's errors.
+/// World loading errors, and the job's errors.
 pub fn with_world<B: AutodiffBackend, J: WorldJob<B>>(
     cfg: &TrainConfig,
     device: &B::Device,
@@ -80,15 +79,20 @@ pub fn with_world<B: AutodiffBackend, J: WorldJob<B>>(
                 .with_prompt_files(&cfg.data)?;
             job.run(world)
         }
-        GeneratorSource::QwenImage { model_path, .. } => Err(TrainerError::GeneratorUnsupported {
-            generator: format!(
-                "a diffusers Qwen-Image directory ({})",
-                model_path.display()
-            ),
-            missing: "the Qwen-Image pipeline around the transformer: the Qwen2.5-VL text encoder and its \
-                          tokenizer, and the VAE decoder (dit-models loads and trains the transformer; PickScore \
-                          scores images) — the shapes world is the world that trains until they exist",
-        }),
+        GeneratorSource::QwenImage {
+            model_path,
+            variant,
+        } => {
+            let world = QwenImageWorld::<B::InnerBackend>::load(
+                model_path,
+                variant.as_deref(),
+                &cfg.sampling,
+                &cfg.data,
+                &cfg.reward.scorers,
+                device,
+            )?;
+            job.run(world)
+        }
     }
 }
 

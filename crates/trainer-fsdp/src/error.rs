@@ -117,6 +117,23 @@ pub enum TrainerError {
     #[error(transparent)]
     Reward(Box<reward::RewardError>),
 
+    /// A Qwen-Image component (tokenizer, text encoder, VAE, the directory's index) failed to
+    /// load or run.
+    #[error(transparent)]
+    QwenImage(Box<qwen_image::QwenImageError>),
+
+    /// A setting does not fit the loaded model (an image size the VAE and patch cannot
+    /// tile, components of a directory that do not belong together, a missing prompt file).
+    #[error("{key} = {given}: expected {expected}")]
+    Incompatible {
+        /// The setting or component.
+        key: &'static str,
+        /// What it is.
+        given: String,
+        /// What would fit.
+        expected: String,
+    },
+
     /// The configured generator cannot be trained by this build.
     #[error("generator {generator} cannot be trained yet: missing {missing}")]
     GeneratorUnsupported {
@@ -903,4 +920,5 @@ boxed_from!(
     Noise(noise_recipe::NoiseError),
     Model(dit_models::DitError),
     Reward(reward::RewardError),
+    QwenImage(qwen_image::QwenImageError),
 );

@@ -54,6 +54,7 @@ mod error;
 pub mod export;
 pub mod lr;
 pub mod monitor;
+pub mod qwen_image_world;
 mod rng;
 pub mod rollout;
 pub mod run;

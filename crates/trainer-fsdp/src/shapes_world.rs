@@ -41,10 +41,11 @@ use dit_models::{
 use reward::shapes::{Category, IMAGE_SIZE, SHAPES_COMPONENT, SceneSpec, ShapesScorer};
 use reward::{Batch, Components, RgbImage};
 use sde_math::StorageDtype;
-use trajectory::{Conditions, Digest, StoredTensor};
+use trajectory::{Conditions, StoredTensor};
 
 use crate::config::{DataSection, ScorerSpec, Trainable};
 use crate::error::{TrainerError, io_err};
+use crate::qwen_image_world::{draw_distinct, load_transformer_policy};
 use crate::rng::TrainerRng;
 use crate::scorers::ScorerSet;
 use crate::world::{HeldOutPrompt, LoadedPolicy, World};
@@ -475,29 +476,6 @@ pub fn eval_prompts() -> Vec<String> {
         .collect()
 }
 
-/// `n` distinct prompts of `pool` drawn from `rng` (a partial Fisher-Yates shuffle).
-///
-/// # Errors
-/// [`TrainerError::PromptPoolExhausted`] when `pool` has fewer than `n`.
-fn draw_distinct(
-    rng: &mut TrainerRng,
-    n: usize,
-    pool: &[String],
-) -> Result<Vec<String>, TrainerError> {
-    if n > pool.len() {
-        return Err(TrainerError::PromptPoolExhausted {
-            requested: n,
-            available: pool.len(),
-        });
-    }
-    let mut idx: Vec<usize> = (0..pool.len()).collect();
-    for i in 0..n {
-        let j = i + rng.below((pool.len() - i) as u64) as usize;
-        idx.swap(i, j);
-    }
-    Ok(idx[..n].iter().map(|&i| pool[i].clone()).collect())
-}
-
 /// The distinct training prompts of the shapes world: every scene of every category, the
 /// held-out ones ([`eval_prompts`]) excepted. A rollout draws at most this many.
 pub fn train_pool_size() -> usize {
@@ -759,34 +737,7 @@ impl<B: AutodiffBackend> World<B> for ShapesWorld<B::InnerBackend> {
         seed: u64,
         device: &B::Device,
     ) -> Result<LoadedPolicy<Self::Policy>, TrainerError> {
-        let mut dit = load_transformer::<B>(&self.dir, device)?;
-        let weight_hash = Digest::sha256(dit.base_model_hash().unwrap_or_default().as_bytes());
-        let mut contract = None;
-        match trainable {
-            Trainable::Lora(lora) => {
-                // the adapter's A matrices are drawn from burn's RNG: seed it from the run
-                B::seed(device, seed);
-                dit = dit.attach_lora(lora)?;
-                contract = Some(dit.adapter_contract()?);
-            }
-            Trainable::LoraFrom(init) => {
-                let (model, import) = dit.load_adapter(&init.path, init.dropout, None)?;
-                if import.config != init.config {
-                    return Err(TrainerError::InitAdapterChanged {
-                        path: init.path.clone(),
-                        found: import.describe(),
-                    });
-                }
-                dit = model;
-                contract = Some(dit.adapter_contract()?);
-            }
-            Trainable::Full => {}
-        }
-        Ok(LoadedPolicy {
-            model: dit,
-            contract,
-            weight_hash,
-        })
+        load_transformer_policy::<B>(&self.dir.join("transformer"), None, trainable, seed, device)
     }
 
     fn encode(

@@ -17,7 +17,8 @@
 //!   sampler used).
 //! * [`World::decode`] and [`World::score`] are deterministic functions of their inputs.
 //!
-//! The shapes world ([`crate::shapes_world::ShapesWorld`]) is the first implementation; a test
+//! The shapes world ([`crate::shapes_world::ShapesWorld`]) is the first implementation, the
+//! Qwen-Image world ([`crate::qwen_image_world::QwenImageWorld`]) the second; a test
 //! implements an analytic Gaussian world from outside the crate.
 
 use std::path::Path;
@@ -36,7 +37,7 @@ use crate::export::{ExportRequest, ExportedPolicy};
 use crate::rng::TrainerRng;
 
 /// One held-out evaluation prompt and the category its mean is reported under
-/// (`eval/reward/<category>`).
+/// (`eval/category/<category>`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HeldOutPrompt {
     /// The prompt.

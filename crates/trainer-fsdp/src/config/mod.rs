@@ -327,15 +327,18 @@ pub enum GeneratorSource {
         /// The generator directory.
         dir: PathBuf,
     },
-    /// A diffusers Qwen-Image directory (`--model-path`) scored by PickScore
-    /// (`--reward-model-path`). The transformer loads (`dit_models`), but the rest of the
-    /// pipeline (the Qwen2.5-VL text encoder, its tokenizer and the VAE) is not implemented
-    /// yet, so a run refuses to start and says so.
+    /// A diffusers Qwen-Image directory (`--model-path`): `model_index.json` with its
+    /// `tokenizer/`, `text_encoder/`, `vae/`, `transformer/` and `scheduler/`
+    /// (`trainer_fsdp::qwen_image_world`). The scorers are `[reward] scorers` (the recipe's:
+    /// PickScore, whose directory `--reward-model-path` sets); prompts come from `[data]`.
     QwenImage {
         /// The diffusers model directory.
         model_path: PathBuf,
-        /// The PickScore model directory.
-        reward_model_path: Option<PathBuf>,
+        /// The weight files' variant (`bf16` reads `diffusion_pytorch_model.bf16.safetensors`
+        /// and `model.bf16.safetensors`), as diffusers' `variant=`; absent reads the plain
+        /// files.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        variant: Option<String>,
     },
 }
 

@@ -258,6 +258,38 @@ impl TrainConfig {
                 });
             }
         }
+        if let GeneratorSource::QwenImage { .. } = &self.model.generator {
+            // each prompt file read once (the world refuses to load without both)
+            let mut train_pool = None;
+            for (key, path) in [
+                ("data.train", &self.data.train),
+                ("data.eval", &self.data.eval),
+            ] {
+                let Some(path) = path else { continue };
+                match crate::qwen_image_world::read_prompt_file(path) {
+                    Ok(prompts) if key == "data.train" => {
+                        let mut distinct: Vec<&String> = prompts.iter().map(|(p, _)| p).collect();
+                        distinct.sort();
+                        distinct.dedup();
+                        train_pool = Some(distinct.len());
+                    }
+                    Ok(_) => {}
+                    Err(e) => p.push(PreflightProblem::Data {
+                        key,
+                        problem: e.to_string(),
+                    }),
+                }
+            }
+            if let Some(pool) = train_pool
+                && self.rollout.prompts_per_rollout > pool
+            {
+                p.push(PreflightProblem::OutOfRange {
+                    key: "rollout.prompts_per_rollout",
+                    given: self.rollout.prompts_per_rollout.to_string(),
+                    allowed: "at most the distinct prompts of data.train",
+                });
+            }
+        }
         if self.run.num_rollouts == 0 {
             p.push(PreflightProblem::OutOfRange {
                 key: "run.num_rollouts",

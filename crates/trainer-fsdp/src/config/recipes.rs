@@ -25,7 +25,9 @@ impl TrainConfig {
     /// * PickScore required with weight 1.0;
     /// * save every 20 rollouts, keep 10; artifact retention 2 (the flag's default).
     ///
-    /// Paths are relative to the working directory (`runs/qwen-image-t2i-lora/...`).
+    /// Paths are relative to the working directory (`runs/qwen-image-t2i-lora/...`). The
+    /// prompts are the user's: set `data.train` and `data.eval` (JSONL in seed 002's schema);
+    /// the Qwen-Image world refuses to load without them.
     pub fn qwen_image_t2i_lora() -> Self {
         let run_dir = PathBuf::from("runs").join("qwen-image-t2i-lora");
         Self {
@@ -39,7 +41,7 @@ impl TrainConfig {
             model: ModelSection {
                 generator: GeneratorSource::QwenImage {
                     model_path: PathBuf::from("models").join("Qwen-Image"),
-                    reward_model_path: Some(PathBuf::from("models").join("PickScore_v1")),
+                    variant: None,
                 },
                 trainable_mode: TrainableMode::Lora,
                 master_dtype: Some(MasterDtype::Fp32),

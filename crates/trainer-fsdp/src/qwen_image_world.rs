@@ -1,0 +1,470 @@
+//! The Qwen-Image world: a diffusers Qwen-Image directory as a [`World`].
+//!
+//! * **Policy.** `transformer/`, `dit-models`' [`QwenImageTransformer2DModel`], with the run's
+//!   LoRA (or every parameter, under full fine-tuning).
+//! * **Prompt encoder.** `tokenizer/` and `text_encoder/` through
+//!   [`qwen_image::PromptEncoder`] (diffusers' `encode_prompt`, at the pipeline's default
+//!   `max_sequence_length` of 512), frozen on the plain backend. A batch is padded to its
+//!   longest prompt and carries the mask; the stored conditioning of a row is the padded row
+//!   with its mask, so the replay sees exactly what the sampler fed the model.
+//! * **Decoder.** `vae/` through [`qwen_image::Vae::decode_packed`]: the packed tokens
+//!   unpacked, the latent normalisation undone, decoded, mapped to `[0, 1]` and quantised as
+//!   diffusers' `numpy_to_pil` does.
+//! * **Prompts.** `[data] train` and `[data] eval`, text-to-image records of the unified JSONL
+//!   schema (`prompt-data`); a record's `metadata.category`, when it is a string, names its
+//!   evaluation category (otherwise `t2i`).
+//! * **Scorers.** `[reward] scorers` (the recipe's: PickScore).
+
+use std::path::{Path, PathBuf};
+
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{Bool, Tensor, TensorData};
+use dit_models::{
+    ImageShape, LoadOptions, QwenImageConditioning, QwenImageConfig, QwenImageTransformer2DModel,
+    WeightDtype,
+};
+use qwen_image::{FrozenComponents, PipelineIndex};
+use reward::{Batch, Components, PickScore, RgbImage};
+use trajectory::{Conditions, Digest};
+
+use crate::config::{DataSection, SamplingSection, ScorerSpec, Trainable};
+use crate::error::TrainerError;
+use crate::rng::TrainerRng;
+use crate::scorers::{ScorerSet, SharedScorer};
+use crate::shapes_world::{restore_text_conditioning, store_text_conditioning};
+use crate::world::{HeldOutPrompt, LoadedPolicy, World};
+
+/// `QwenImagePipeline.__call__`'s default `max_sequence_length`: prompts are cut to this
+/// many tokens after the template's.
+pub const MAX_SEQUENCE_LENGTH: usize = 512;
+
+/// The evaluation category of a record without a `metadata.category`.
+pub const DEFAULT_CATEGORY: &str = "t2i";
+
+/// The prompts of a `[data]` prompt file for the Qwen-Image world, with their categories:
+/// every record must be a text-to-image (`t2i`) record without media.
+///
+/// # Errors
+/// [`TrainerError::PromptFile`] listing every record that is not (or the file's read error).
+pub fn read_prompt_file(path: &Path) -> Result<Vec<(String, String)>, TrainerError> {
+    let bad = |problems: Vec<String>| TrainerError::PromptFile {
+        path: path.to_path_buf(),
+        problems,
+    };
+    let records = prompt_data::read_jsonl(path).map_err(|e| bad(vec![e.to_string()]))?;
+    let mut out = Vec::with_capacity(records.len());
+    let mut problems = Vec::new();
+    for (line, r) in records {
+        if r.metadata.task != "t2i" {
+            problems.push(format!(
+                "line {line}: task {:?}; the Qwen-Image world is text-to-image (t2i)",
+                r.metadata.task
+            ));
+            continue;
+        }
+        if r.prompt.trim().is_empty() {
+            problems.push(format!("line {line}: an empty prompt"));
+            continue;
+        }
+        let category = match r.metadata.extra.get("category") {
+            Some(serde_json::Value::String(c)) => c.clone(),
+            _ => DEFAULT_CATEGORY.to_string(),
+        };
+        out.push((r.prompt, category));
+    }
+    if out.is_empty() && problems.is_empty() {
+        problems.push("no records".into());
+    }
+    if problems.is_empty() {
+        Ok(out)
+    } else {
+        Err(bad(problems))
+    }
+}
+
+/// `n` distinct prompts of `pool`, drawn from `rng` (a partial Fisher-Yates shuffle).
+///
+/// # Errors
+/// [`TrainerError::PromptPoolExhausted`] when `pool` has fewer than `n`.
+pub(crate) fn draw_distinct(
+    rng: &mut TrainerRng,
+    n: usize,
+    pool: &[String],
+) -> Result<Vec<String>, TrainerError> {
+    if n > pool.len() {
+        return Err(TrainerError::PromptPoolExhausted {
+            requested: n,
+            available: pool.len(),
+        });
+    }
+    let mut idx: Vec<usize> = (0..pool.len()).collect();
+    for i in 0..n {
+        let j = i + rng.below((pool.len() - i) as u64) as usize;
+        idx.swap(i, j);
+    }
+    Ok(idx[..n].iter().map(|&i| pool[i].clone()).collect())
+}
+
+/// Loads a Qwen-Image transformer directory as the policy `trainable` asks for: the base
+/// weights (their hash is the trajectories' weight hash), then a fresh LoRA adapter (its `A`
+/// drawn from burn's generator, seeded with `seed` first), an imported one, or none (full
+/// fine-tuning).
+///
+/// # Errors
+/// Loading and adapter errors; [`TrainerError::InitAdapterChanged`] when the imported adapter
+/// is not what preflight read.
+pub fn load_transformer_policy<B: AutodiffBackend>(
+    transformer_dir: &Path,
+    variant: Option<&str>,
+    trainable: &Trainable,
+    seed: u64,
+    device: &B::Device,
+) -> Result<LoadedPolicy<QwenImageTransformer2DModel<B>>, TrainerError> {
+    let options = LoadOptions {
+        dtype: WeightDtype::F32,
+        hash: true,
+        variant: variant.map(str::to_string),
+    };
+    let mut dit =
+        QwenImageTransformer2DModel::<B>::from_pretrained(transformer_dir, device, options)?;
+    let weight_hash = Digest::sha256(dit.base_model_hash().unwrap_or_default().as_bytes());
+    let mut contract = None;
+    match trainable {
+        Trainable::Lora(lora) => {
+            B::seed(device, seed);
+            dit = dit.attach_lora(lora)?;
+            contract = Some(dit.adapter_contract()?);
+        }
+        Trainable::LoraFrom(init) => {
+            let (model, import) = dit.load_adapter(&init.path, init.dropout, None)?;
+            if import.config != init.config {
+                return Err(TrainerError::InitAdapterChanged {
+                    path: init.path.clone(),
+                    found: import.describe(),
+                });
+            }
+            dit = model;
+            contract = Some(dit.adapter_contract()?);
+        }
+        Trainable::Full => {}
+    }
+    Ok(LoadedPolicy {
+        model: dit,
+        contract,
+        weight_hash,
+    })
+}
+
+/// The Qwen-Image world (see the module docs).
+pub struct QwenImageWorld<Bi: Backend> {
+    dir: PathBuf,
+    variant: Option<String>,
+    frozen: FrozenComponents<Bi>,
+    height: usize,
+    width: usize,
+    /// The packed token grid (latent sides / 2).
+    grid: (usize, usize),
+    channels: usize,
+    held_out: Vec<HeldOutPrompt>,
+    train_pool: Vec<String>,
+    scorer: SharedScorer,
+}
+
+impl<Bi: Backend> std::fmt::Debug for QwenImageWorld<Bi> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QwenImageWorld")
+            .field("dir", &self.dir)
+            .field("size", &(self.height, self.width))
+            .field("held_out", &self.held_out.len())
+            .field("train_pool", &self.train_pool.len())
+            .finish()
+    }
+}
+
+fn incompatible(
+    key: &'static str,
+    given: impl ToString,
+    expected: impl Into<String>,
+) -> TrainerError {
+    TrainerError::Incompatible {
+        key,
+        given: given.to_string(),
+        expected: expected.into(),
+    }
+}
+
+impl<Bi: Backend> QwenImageWorld<Bi> {
+    /// The world of the Qwen-Image directory `dir` at the image size of `sampling`: checks
+    /// the directory's index, loads the tokenizer, the text encoder and the VAE (of `variant`'s
+    /// weight files, when given), reads the transformer's configuration (the transformer itself
+    /// is loaded by [`World::load_policy`]), reads the `[data]` prompt files and builds the
+    /// scorers.
+    ///
+    /// # Errors
+    /// The components' loading errors; [`TrainerError::Incompatible`] for an image size that
+    /// is not a multiple of the VAE's scale factor times the transformer's patch, or components
+    /// that do not fit together; [`TrainerError::PromptFile`] for missing or bad prompt files;
+    /// scorer errors.
+    pub fn load(
+        dir: &Path,
+        variant: Option<&str>,
+        sampling: &SamplingSection,
+        data: &DataSection,
+        scorers: &[ScorerSpec],
+        device: &Bi::Device,
+    ) -> Result<Self, TrainerError>
+    where
+        PickScore<Bi>: Send + Sync,
+    {
+        let index = PipelineIndex::open(dir)?;
+        let dit =
+            QwenImageConfig::from_diffusers_json(index.transformer_dir().join("config.json"))?;
+        let frozen = FrozenComponents::<Bi>::load(index, variant, device)?;
+        let z = frozen.vae_config.z_dim;
+        let patch = dit.patch_size;
+        if dit.in_channels != z * patch * patch {
+            return Err(incompatible(
+                "transformer in_channels",
+                dit.in_channels,
+                format!("the VAE's z_dim x patch_size^2 = {}", z * patch * patch),
+            ));
+        }
+        if dit.joint_attention_dim != frozen.text_encoder_config.hidden_size {
+            return Err(incompatible(
+                "transformer joint_attention_dim",
+                dit.joint_attention_dim,
+                format!(
+                    "the text encoder's hidden_size = {}",
+                    frozen.text_encoder_config.hidden_size
+                ),
+            ));
+        }
+        let step = frozen.vae.scale_factor() * patch;
+        let (height, width) = (sampling.height as usize, sampling.width as usize);
+        for (key, side) in [("sampling.height", height), ("sampling.width", width)] {
+            if side == 0 || !side.is_multiple_of(step) {
+                return Err(incompatible(
+                    key,
+                    side,
+                    format!(
+                        "a positive multiple of {step} (the VAE's scale factor x the transformer's patch)"
+                    ),
+                ));
+            }
+        }
+        let (Some(train_file), Some(eval_file)) = (&data.train, &data.eval) else {
+            let absent: Vec<&str> = [("data.train", &data.train), ("data.eval", &data.eval)]
+                .into_iter()
+                .filter(|(_, p)| p.is_none())
+                .map(|(k, _)| k)
+                .collect();
+            return Err(incompatible(
+                "[data]",
+                format!("{} absent", absent.join(" and ")),
+                "data.train and data.eval, JSONL prompt files: the Qwen-Image world has no prompts of its own (the `prompts` example converts and curates them)",
+            ));
+        };
+        let held_out: Vec<HeldOutPrompt> = read_prompt_file(eval_file)?
+            .into_iter()
+            .map(|(prompt, category)| HeldOutPrompt { prompt, category })
+            .collect();
+        let mut train_pool: Vec<String> = Vec::new();
+        let mut leaks = Vec::new();
+        for (p, _) in read_prompt_file(train_file)? {
+            if held_out.iter().any(|h| h.prompt == p) {
+                leaks.push(format!("{p:?} is also a held-out prompt (leakage)"));
+            } else if !train_pool.contains(&p) {
+                train_pool.push(p);
+            }
+        }
+        if !leaks.is_empty() {
+            return Err(TrainerError::PromptFile {
+                path: train_file.clone(),
+                problems: leaks,
+            });
+        }
+        let scorer = Box::new(ScorerSet::from_specs::<Bi>(scorers, None, device)?);
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            variant: variant.map(str::to_string),
+            frozen,
+            height,
+            width,
+            grid: (height / step, width / step),
+            channels: dit.in_channels,
+            held_out,
+            train_pool,
+            scorer,
+        })
+    }
+
+    /// Replaces the scorer (tests inject one).
+    pub fn with_scorer(mut self, scorer: SharedScorer) -> Self {
+        self.scorer = scorer;
+        self
+    }
+
+    fn image_shapes(&self) -> Vec<ImageShape> {
+        vec![ImageShape::new(1, self.grid.0, self.grid.1)]
+    }
+
+    /// The conditioning of `prompts` on `device`.
+    fn conditioning(
+        &self,
+        prompts: &[&str],
+        device: &Bi::Device,
+    ) -> Result<QwenImageConditioning<Bi>, TrainerError> {
+        let embeds = self
+            .frozen
+            .prompt_encoder
+            .encode(prompts, MAX_SEQUENCE_LENGTH, device)?;
+        let [b, s, _] = embeds.embeds.dims();
+        let mask: Vec<bool> = embeds.mask.iter().flatten().map(|&m| m != 0).collect();
+        let mask = Tensor::<Bi, 2, Bool>::from_data(TensorData::new(mask, [b, s]), device);
+        Ok(QwenImageConditioning {
+            encoder_hidden_states: embeds.embeds,
+            encoder_hidden_states_mask: Some(mask),
+            img_shapes: self.image_shapes(),
+        })
+    }
+}
+
+impl<B: AutodiffBackend> World<B> for QwenImageWorld<B::InnerBackend> {
+    type Cond<Bx: Backend> = QwenImageConditioning<Bx>;
+    type Policy = QwenImageTransformer2DModel<B>;
+    type Sample = RgbImage;
+
+    fn name(&self) -> String {
+        format!(
+            "Qwen-Image world ({}, {}x{})",
+            self.dir.display(),
+            self.width,
+            self.height
+        )
+    }
+
+    fn latent_shape(&self) -> [usize; 2] {
+        [self.grid.0 * self.grid.1, self.channels]
+    }
+
+    fn train_prompts(&self, rng: &mut TrainerRng, n: usize) -> Result<Vec<String>, TrainerError> {
+        draw_distinct(rng, n, &self.train_pool)
+    }
+
+    fn held_out(&self) -> &[HeldOutPrompt] {
+        &self.held_out
+    }
+
+    fn load_policy(
+        &self,
+        trainable: &Trainable,
+        seed: u64,
+        device: &B::Device,
+    ) -> Result<LoadedPolicy<Self::Policy>, TrainerError> {
+        load_transformer_policy::<B>(
+            &self.dir.join("transformer"),
+            self.variant.as_deref(),
+            trainable,
+            seed,
+            device,
+        )
+    }
+
+    fn encode(
+        &self,
+        prompts: &[&str],
+        device: &B::Device,
+    ) -> Result<QwenImageConditioning<B::InnerBackend>, TrainerError> {
+        self.conditioning(prompts, device)
+    }
+
+    fn store_conditioning(
+        &self,
+        cond: &QwenImageConditioning<B::InnerBackend>,
+        rows: &[usize],
+    ) -> Result<Vec<Conditions>, TrainerError> {
+        store_text_conditioning(cond, rows)
+    }
+
+    fn restore_conditioning<Bx: Backend>(
+        &self,
+        stored: &Conditions,
+        rows: usize,
+        device: &Bx::Device,
+    ) -> Result<QwenImageConditioning<Bx>, TrainerError> {
+        Ok(restore_text_conditioning(
+            stored,
+            rows,
+            self.image_shapes(),
+            device,
+        ))
+    }
+
+    fn decode(&self, latents: Tensor<B::InnerBackend, 3>) -> Result<Vec<RgbImage>, TrainerError> {
+        let images = self
+            .frozen
+            .vae
+            .decode_packed(latents, self.height, self.width)?;
+        Ok(RgbImage::batch_from_tensor(images)?)
+    }
+
+    fn score(
+        &self,
+        samples: &[RgbImage],
+        prompts: &[String],
+    ) -> Result<Vec<Components>, TrainerError> {
+        let meta: Vec<serde_json::Value> = vec![serde_json::Value::Null; prompts.len()];
+        Ok(self
+            .scorer
+            .score(Batch::new(Some(samples), Some(prompts), Some(&meta))?)?)
+    }
+
+    fn image(&self, sample: &RgbImage) -> Option<RgbImage> {
+        Some(sample.clone())
+    }
+
+    /// Under LoRA, the adapter as a PEFT adapter directory's two files, against the base
+    /// `<model_path>/transformer`.
+    fn checkpoint_files(
+        &self,
+        policy: &QwenImageTransformer2DModel<B>,
+    ) -> Result<Vec<(&'static str, Vec<u8>)>, TrainerError> {
+        if policy.lora_config().is_none() {
+            return Ok(Vec::new());
+        }
+        let base = self.dir.join("transformer").display().to_string();
+        Ok(burn::module::AutodiffModule::valid(policy)
+            .peft_adapter_files(Some(&base))?
+            .into())
+    }
+
+    /// Every [`ExportForm`](crate::export::ExportForm) of the transformer, against the base
+    /// `<model_path>/transformer`; the probe is the first two held-out prompts (the first one
+    /// twice when there is one) at `sigma = 0.8, 0.3` on a fixed latent.
+    fn export_policy(
+        &self,
+        policy: &QwenImageTransformer2DModel<B>,
+        request: &crate::export::ExportRequest,
+        out: &Path,
+    ) -> Result<crate::export::ExportedPolicy, TrainerError> {
+        let model = burn::module::AutodiffModule::valid(policy);
+        let device = model.img_in.weight.lazy_device();
+        let first = &self.held_out[0].prompt;
+        let second = self.held_out.get(1).map_or(first, |h| &h.prompt);
+        let cond = self.conditioning(&[first.as_str(), second.as_str()], &device)?;
+        let [tokens, channels] = <Self as World<B>>::latent_shape(self);
+        let values: Vec<f32> = (0..2 * tokens * channels)
+            .map(|i| (i as f32 * 0.618).sin())
+            .collect();
+        let x = Tensor::from_data(TensorData::new(values, [2, tokens, channels]), &device);
+        let sigma = Tensor::from_floats([0.8, 0.3], &device);
+        crate::export::export_qwen_image_transformer(
+            &<Self as World<B>>::name(self),
+            model,
+            &self.dir.join("transformer"),
+            request,
+            out,
+            (x, sigma, &cond),
+        )
+    }
+}

@@ -1,0 +1,269 @@
+//! The `qwen_image_t2i_lora` recipe end to end in the Qwen-Image world, on the tiny random
+//! diffusers directory of `fixtures/qwen_image/tiny_pipeline` (saved by
+//! `QwenImagePipeline.save_pretrained`) scored by the tiny random PickScore of
+//! `fixtures/reward/tiny_clip`: rollouts with their sidecars and images, metrics, evaluations,
+//! committed checkpoints readable by PEFT, and a resume that continues the run.
+
+use std::path::{Path, PathBuf};
+
+use burn::backend::{Autodiff, Flex};
+use trainer_fsdp::config::{GeneratorSource, ScorerSpec};
+use trainer_fsdp::dispatch::{Job, dispatch, train};
+use trainer_fsdp::export::{ExportForm, ExportRequest, export};
+use trainer_fsdp::{
+    Algorithm, CheckpointStore, Override, RecipeName, StopFlag, TrainConfig, TrainerError, World,
+    names, read_jsonl,
+};
+
+type B = Autodiff<Flex>;
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .map(|d| d.join("fixtures"))
+        .find(|d| d.join("qwen_image").is_dir())
+        .expect("fixtures/ above the crate")
+}
+
+fn write_prompts(path: &Path, prompts: &[(&str, &str)]) {
+    let lines: Vec<String> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, (p, category))| {
+            serde_json::json!({
+                "prompt": p,
+                "metadata": {"task": "t2i", "sample_id": format!("s{i}"), "category": category},
+            })
+            .to_string()
+        })
+        .collect();
+    std::fs::write(path, lines.join("\n") + "\n").unwrap();
+}
+
+/// The recipe at a tiny size in `root`: 32x48 images (a 2x3 token grid), 4 steps, 2 prompts
+/// x 4 candidates, LoRA rank 2.
+fn tiny_config(root: &Path, rollouts: u64, extra: &[&str]) -> TrainConfig {
+    let train_file = root.join("train.jsonl");
+    let eval_file = root.join("eval.jsonl");
+    write_prompts(
+        &train_file,
+        &[
+            ("a red circle above a blue square", "position"),
+            ("two green triangles", "counting"),
+            ("a cat sitting on a wooden table", "object"),
+            ("a yellow star on a white background", "colors"),
+        ],
+    );
+    write_prompts(
+        &eval_file,
+        &[
+            ("a photo of a red circle", "single"),
+            ("two yellow stars", "counting"),
+        ],
+    );
+    let dir = |name: &str| root.join(name).display().to_string();
+    let mut o = vec![
+        "run.num_rollouts=".to_string() + &rollouts.to_string(),
+        "run.host_threads=2".into(),
+        "sampling.height=32".into(),
+        "sampling.width=48".into(),
+        "sampling.num_inference_steps=4".into(),
+        "sampling.sde_pool=[1, 2]".into(),
+        "sampling.sde_indices=[1, 2]".into(),
+        "sampling.num_sde_steps=2".into(),
+        "rollout.prompts_per_rollout=2".into(),
+        "rollout.group_size=4".into(),
+        "rollout.micro_batch_size=4".into(),
+        "lora.rank=2".into(),
+        "lora.alpha=4.0".into(),
+        "eval.interval=1".into(),
+        "eval.samples_per_prompt=1".into(),
+        "checkpoint.save_interval=1".into(),
+        format!("checkpoint.dir={}", dir("ckpt")),
+        format!("artifacts.root={}", dir("artifacts")),
+        format!("data.train={}", train_file.display()),
+        format!("data.eval={}", eval_file.display()),
+        "monitor.progress=\"never\"".into(),
+    ];
+    o.extend(extra.iter().map(|s| s.to_string()));
+    let overrides = Override::parse_all(&o).unwrap();
+    let mut cfg = TrainConfig::from_recipe(RecipeName::QwenImageT2iLora, &overrides).unwrap();
+    cfg.model.generator = GeneratorSource::QwenImage {
+        model_path: fixtures().join("qwen_image").join("tiny_pipeline"),
+        variant: None,
+    };
+    cfg.reward.scorers = vec![ScorerSpec::Pickscore {
+        model_path: fixtures().join("reward").join("tiny_clip"),
+    }];
+    cfg
+}
+
+#[test]
+fn the_recipe_runs_end_to_end_on_the_tiny_directory_and_resumes() {
+    let root = tempfile::tempdir().unwrap();
+    let run_dir = root.path().join("run");
+    let device = Default::default();
+    let cfg = tiny_config(root.path(), 2, &[]);
+    let pre = cfg.preflight().unwrap();
+    let summary = train::<B>(&cfg, &pre, &run_dir, &device, &StopFlag::new()).unwrap();
+    assert_eq!(summary.last_rollout, Some(1));
+    let (initial, last) = (summary.initial_eval.unwrap(), summary.final_eval.unwrap());
+    assert!(initial.reward.is_finite() && last.reward.is_finite());
+
+    // metrics: one record per rollout, PickScore's component, real optimizer steps
+    let metrics = read_jsonl(&run_dir.join("metrics.jsonl")).unwrap();
+    let rollouts: Vec<_> = metrics
+        .iter()
+        .filter(|r| r.metrics.contains_key(names::TRAIN_OPTIMIZER_STEPS))
+        .collect();
+    assert_eq!(rollouts.len(), 2, "{metrics:?}");
+    for r in &rollouts {
+        assert_eq!(r.metrics[names::TRAIN_OPTIMIZER_STEPS], Some(2.0));
+        assert!(r.metrics["reward/pickscore_mean"].is_some_and(f64::is_finite));
+    }
+    assert!(
+        metrics.iter().any(|r| r
+            .metrics
+            .contains_key(&trainer_fsdp::run::eval_category("counting"))),
+        "per-category evaluation"
+    );
+    // sidecars and images of every rollout
+    let layout = trajectory::ArtifactLayout::new(root.path().join("artifacts"), "t2i").unwrap();
+    let files: Vec<String> = std::fs::read_dir(layout.rollout_dir(trajectory::Split::Train, 1))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(
+        files.iter().filter(|f| f.ends_with(".safetensors")).count(),
+        2,
+        "{files:?}"
+    );
+    assert_eq!(
+        files.iter().filter(|f| f.ends_with(".png")).count(),
+        8,
+        "{files:?}"
+    );
+    assert!(run_dir.join("samples").join("eval_initial.png").is_file());
+    // a committed checkpoint, with the adapter as a PEFT directory's files
+    let store = CheckpointStore::new(root.path().join("ckpt"), "t2i", None).unwrap();
+    let latest = store.latest_committed().unwrap().unwrap();
+    assert_eq!(latest.iteration, 1);
+    assert!(latest.dir.join("adapter_model.safetensors").is_file());
+    assert!(latest.dir.join("adapter_config.json").is_file());
+    // the optimizer moved the adapter: its B matrices start at zero
+    let adapter =
+        model_weights::Checkpoint::open(latest.dir.join("adapter_model.safetensors"), &[]).unwrap();
+    let moved = adapter
+        .keys()
+        .filter(|k| k.contains("lora_B"))
+        .any(|k| adapter.read_f32(k).unwrap().iter().any(|v| *v != 0.0));
+    assert!(moved, "every lora_B is still zero");
+
+    // resume: one more rollout, continuing from the committed one
+    let cfg = tiny_config(root.path(), 3, &["checkpoint.resume=true"]);
+    let pre = cfg.preflight().unwrap();
+    let summary = train::<B>(&cfg, &pre, &run_dir, &device, &StopFlag::new()).unwrap();
+    assert_eq!(summary.last_rollout, Some(2));
+    let metrics = read_jsonl(&run_dir.join("metrics.jsonl")).unwrap();
+    let steps: Vec<u64> = metrics
+        .iter()
+        .filter(|r| r.metrics.contains_key(names::TRAIN_OPTIMIZER_STEPS))
+        .map(|r| r.step)
+        .collect();
+    assert_eq!(steps, [0, 1, 2]);
+    assert_eq!(store.latest_committed().unwrap().unwrap().iteration, 2);
+
+    // the trained adapter leaves in the ecosystem's forms, each reloaded and checked
+    for form in [ExportForm::Peft, ExportForm::Merged] {
+        let out = root.path().join("exports").join(form.as_str());
+        let report = export::<B>(
+            &run_dir,
+            None,
+            None,
+            &out,
+            &ExportRequest::new(form),
+            false,
+            &device,
+        )
+        .unwrap();
+        assert!(
+            report.exported.verification.is_some(),
+            "{form:?} was not verified"
+        );
+    }
+}
+
+/// A job that only reports which world and algorithm it was handed.
+struct Describe;
+
+impl Job<B> for Describe {
+    type Output = String;
+    fn run<W: World<B>, A: Algorithm<B, W>>(
+        self,
+        world: W,
+        algorithm: A,
+    ) -> Result<String, TrainerError> {
+        Ok(format!("{} / {}", algorithm.name(), world.name()))
+    }
+}
+
+#[test]
+fn the_qwen_image_world_refuses_what_does_not_fit() {
+    let root = tempfile::tempdir().unwrap();
+    let device = Default::default();
+    let cfg = tiny_config(root.path(), 1, &[]);
+    let pre = cfg.preflight().unwrap();
+    let described = dispatch::<B, _>(&cfg, &pre, &device, Describe).unwrap();
+    assert!(
+        described.starts_with("FlowGRPO / Qwen-Image world"),
+        "{described}"
+    );
+
+    // an image side the VAE and the patch cannot tile
+    let cfg = tiny_config(root.path(), 1, &["sampling.height=40"]);
+    let pre = cfg.preflight().unwrap();
+    let err = dispatch::<B, _>(&cfg, &pre, &device, Describe)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("sampling.height = 40") && err.contains("16"),
+        "{err}"
+    );
+
+    // no prompt files: both keys named before anything loads
+    let mut cfg = tiny_config(root.path(), 1, &[]);
+    cfg.data.train = None;
+    cfg.data.eval = None;
+    let pre = cfg.preflight().unwrap();
+    let err = dispatch::<B, _>(&cfg, &pre, &device, Describe)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("data.train and data.eval absent"), "{err}");
+    // a record that is not text-to-image: preflight names the file and the line
+    std::fs::write(
+        root.path().join("bad.jsonl"),
+        "{\"prompt\": \"a cat\", \"metadata\": {\"task\": \"i2v\", \"sample_id\": \"x\"}}\n",
+    )
+    .unwrap();
+    let extra = format!("data.eval={}", root.path().join("bad.jsonl").display());
+    let err = tiny_config(root.path(), 1, &[extra.as_str()])
+        .preflight()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("data.eval") && err.contains("line 1") && err.contains("i2v"),
+        "{err}"
+    );
+
+    // a directory that is not a diffusers pipeline
+    let mut cfg = tiny_config(root.path(), 1, &[]);
+    cfg.model.generator = GeneratorSource::QwenImage {
+        model_path: root.path().join("Qwen-Image"),
+        variant: None,
+    };
+    let pre = cfg.preflight().unwrap();
+    let err = dispatch::<B, _>(&cfg, &pre, &device, Describe)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("model_index.json"), "{err}");
+}
