@@ -267,3 +267,171 @@ fn the_qwen_image_world_refuses_what_does_not_fit() {
         .to_string();
     assert!(err.contains("model_index.json"), "{err}");
 }
+
+fn values(v: &serde_json::Value) -> (Vec<usize>, Vec<f32>) {
+    let shape = v["shape"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d.as_u64().unwrap() as usize)
+        .collect();
+    let data = v["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap() as f32)
+        .collect();
+    (shape, data)
+}
+
+/// NaN-propagating maximum (`f64::max` would drop a NaN).
+fn worse(a: f64, b: f64) -> f64 {
+    if a.is_nan() || b.is_nan() {
+        f64::NAN
+    } else {
+        a.max(b)
+    }
+}
+
+/// Max abs difference of equally long slices; NaN on any NaN.
+fn max_abs_err(got: &[f32], want: &[f32]) -> f64 {
+    assert_eq!(got.len(), want.len(), "lengths");
+    got.iter()
+        .zip(want)
+        .map(|(a, b)| (*a as f64 - *b as f64).abs())
+        .fold(0.0, worse)
+}
+
+#[test]
+fn max_abs_err_fails_on_nan_in_either_input() {
+    let passes = |err: f64| err <= 1e-4;
+    let clean = [0.5f32, -2.0, 1.0];
+    assert!(passes(max_abs_err(&clean, &clean)));
+    for i in 0..clean.len() {
+        let mut nan = clean;
+        nan[i] = f32::NAN;
+        for err in [max_abs_err(&nan, &clean), max_abs_err(&clean, &nan)] {
+            assert!(err.is_nan() && !passes(err), "NaN at {i} read as {err}");
+        }
+    }
+}
+
+/// `QwenImagePipeline.__call__` on the tiny directory (`fixtures/qwen_image/pipeline.json`:
+/// two prompts of different lengths, 32x48 pixels, 3 Euler steps from given latents) through
+/// the Qwen-Image world's encoder and decoder, its transformer, the Qwen-Image schedule and
+/// `sde-math`'s Euler step: the sigmas, the latents after every step (1e-4) and the final
+/// image (within 1/255 of diffusers' float image, after quantisation).
+#[test]
+fn a_three_step_pipeline_run_matches_diffusers() {
+    use burn::module::AutodiffModule;
+    use burn::tensor::{Tensor, TensorData};
+    use schedule::SchedulePolicy;
+    use sde_math::{StepSigmas, euler_step};
+    use trainer_fsdp::config::Trainable;
+    use trainer_fsdp::qwen_image_world::QwenImageWorld;
+    use velocity_model::VelocityModel;
+
+    let text =
+        std::fs::read_to_string(fixtures().join("qwen_image").join("pipeline.json")).unwrap();
+    let f: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let tol = f["tolerance"]["f32_max_abs"].as_f64().unwrap();
+    let image_tol = f["tolerance"]["image_max_abs"].as_f64().unwrap();
+    assert_eq!((tol, image_tol), (1e-4, 1.0 / 255.0));
+    let case = &f["cases"][0];
+    let steps = case["num_inference_steps"].as_u64().unwrap() as usize;
+    let (h, w) = (
+        case["height"].as_u64().unwrap() as u32,
+        case["width"].as_u64().unwrap() as u32,
+    );
+
+    // the schedule: the built-in Qwen-Image policy and the directory's scheduler_config.json
+    let want: Vec<f32> = case["sigmas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap() as f32)
+        .collect();
+    let dir = fixtures().join("qwen_image").join("tiny_pipeline");
+    let from_file =
+        SchedulePolicy::load(dir.join("scheduler").join("scheduler_config.json")).unwrap();
+    for policy in [SchedulePolicy::qwen_image(), from_file] {
+        let schedule = policy.sample_sigmas(h, w, steps).unwrap();
+        let err = max_abs_err(schedule.sigmas.as_slice(), &want);
+        assert!(
+            err <= 1e-6,
+            "sigmas {:?} against diffusers' {want:?}",
+            schedule.sigmas.as_slice()
+        );
+    }
+    let sigmas = SchedulePolicy::qwen_image()
+        .sample_sigmas(h, w, steps)
+        .unwrap()
+        .sigmas;
+    let sigmas = sigmas.as_slice();
+
+    let root = tempfile::tempdir().unwrap();
+    let mut cfg = tiny_config(root.path(), 1, &[]);
+    cfg.sampling.height = h;
+    cfg.sampling.width = w;
+    let device = Default::default();
+    let world = QwenImageWorld::<Flex>::load(
+        &dir,
+        None,
+        &cfg.sampling,
+        &cfg.data,
+        &cfg.reward.scorers,
+        &device,
+    )
+    .unwrap();
+    let prompts: Vec<&str> = case["prompts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p.as_str().unwrap())
+        .collect();
+    let cond = World::<B>::encode(&world, &prompts, &device).unwrap();
+    assert!(
+        cond.encoder_hidden_states_mask.is_some(),
+        "two prompts of different lengths: the text mask is active"
+    );
+    let policy = World::<B>::load_policy(&world, &Trainable::Full, 0, &device)
+        .unwrap()
+        .model
+        .valid();
+    let (shape, latents) = values(&case["latents"]);
+    assert_eq!(
+        World::<B>::latent_shape(&world).to_vec(),
+        shape[1..].to_vec()
+    );
+    let mut x = Tensor::<Flex, 3>::from_data(TensorData::new(latents, shape.clone()), &device);
+    for i in 0..steps {
+        let sigma = Tensor::<Flex, 1>::from_data(
+            TensorData::new(vec![sigmas[i]; shape[0]], [shape[0]]),
+            &device,
+        );
+        let v = policy.velocity(x.clone(), sigma, &cond);
+        x = euler_step(&StepSigmas::from_schedule(sigmas, i).unwrap().into(), v, x).unwrap();
+        let (_, want) = values(&case["step_latents"][i]);
+        let err = max_abs_err(&x.clone().into_data().to_vec::<f32>().unwrap(), &want);
+        eprintln!("latents after step {i}: max abs error {err:.3e}");
+        assert!(err <= tol, "step {i}: {err:e}");
+    }
+    let images = World::<B>::decode(&world, x).unwrap();
+    let (ishape, want) = values(&case["image"]);
+    let [_, _, ih, iw] = [ishape[0], ishape[1], ishape[2], ishape[3]];
+    let mut worst = 0.0f64;
+    for (b, img) in images.iter().enumerate() {
+        assert_eq!((img.height(), img.width()), (ih, iw));
+        for c in 0..3 {
+            for y in 0..ih {
+                for xx in 0..iw {
+                    let got = f64::from(img.pixel(xx, y)[c]) / 255.0;
+                    let w = f64::from(want[((b * 3 + c) * ih + y) * iw + xx]);
+                    worst = worse(worst, (got - w).abs());
+                }
+            }
+        }
+    }
+    eprintln!("final image (8-bit) against diffusers' float image: max abs error {worst:.3e}");
+    assert!(worst <= image_tol, "image: {worst:e} > 1/255");
+}
