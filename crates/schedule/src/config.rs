@@ -1,8 +1,11 @@
 //! A checkpoint's `scheduler/scheduler_config.json`, as diffusers writes it.
 //!
-//! Only the keys that shape the sigma schedule are read; unknown keys (`_diffusers_version`,
-//! solver settings, ...) are ignored. Missing keys take diffusers' constructor defaults, so a
-//! config means here what it means to diffusers.
+//! The keys that shape the sigma schedule are read; every other key is kept in
+//! [`SchedulerConfig::other`], and [`SchedulePolicy::from_config`](crate::SchedulePolicy::from_config)
+//! refuses, by name, any key a `FlowMatchEulerDiscreteScheduler` config holds that it does not
+//! implement (a UniPC config's solver settings are the trainer's `[sampling]` concern and stay
+//! there). Missing keys take diffusers' constructor defaults, so a config means here what it
+//! means to diffusers.
 
 use std::path::Path;
 
@@ -58,6 +61,9 @@ pub struct SchedulerConfig {
     pub flow_shift: f64,
     /// UniPC: the appended terminal sigma, `"zero"` (supported) or `"sigma_min"`.
     pub final_sigmas_type: String,
+    /// Every other key of the file, as written.
+    #[serde(flatten)]
+    pub other: std::collections::BTreeMap<String, serde_json::Value>,
 }
 
 impl Default for SchedulerConfig {
@@ -82,6 +88,7 @@ impl Default for SchedulerConfig {
             use_flow_sigmas: false,
             flow_shift: 1.0,
             final_sigmas_type: "zero".to_owned(),
+            other: std::collections::BTreeMap::new(),
         }
     }
 }

@@ -154,6 +154,17 @@ pub enum ConfigProblem {
         /// Why, and what to do instead.
         why: &'static str,
     },
+    /// A key of a `FlowMatchEulerDiscreteScheduler` config that this crate does not implement
+    /// (or `stochastic_sampling` switched on).
+    #[error("{key} = {value}: {why}")]
+    UnknownKey {
+        /// The key.
+        key: String,
+        /// Its value, as JSON.
+        value: String,
+        /// Why it is refused.
+        why: &'static str,
+    },
     /// `time_shift_type` is neither `"exponential"` nor `"linear"`.
     #[error("time_shift_type = {value:?}; expected \"exponential\" or \"linear\"")]
     UnknownTimeShift {

@@ -185,7 +185,25 @@ impl SchedulePolicy {
             }
         };
         let (grid, static_shift) = match cfg.class_name.as_str() {
-            "FlowMatchEulerDiscreteScheduler" => (BaseGrid::FlowMatch, cfg.shift),
+            "FlowMatchEulerDiscreteScheduler" => {
+                for (key, value) in &cfg.other {
+                    match key.as_str() {
+                        "_diffusers_version" | "_name_or_path" => {}
+                        "stochastic_sampling" if value == false || value.is_null() => {}
+                        "stochastic_sampling" => problems.push(ConfigProblem::UnknownKey {
+                            key: key.clone(),
+                            value: value.to_string(),
+                            why: "diffusers' stochastic Euler step is not implemented; the trainer's kernels choose the stochastic steps",
+                        }),
+                        _ => problems.push(ConfigProblem::UnknownKey {
+                            key: key.clone(),
+                            value: value.to_string(),
+                            why: "no such key in a FlowMatchEulerDiscreteScheduler this crate implements",
+                        }),
+                    }
+                }
+                (BaseGrid::FlowMatch, cfg.shift)
+            }
             "UniPCMultistepScheduler" => {
                 unsupported(
                     "use_flow_sigmas",

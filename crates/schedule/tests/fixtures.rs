@@ -263,6 +263,23 @@ fn checkpoint_config_files_load_to_the_presets() {
             assert_eq!(from_file.sample_sigmas(h, w, n).unwrap(), want, "{name}");
         }
     }
+    // a FlowMatch config's keys are implemented or refused by name
+    let cfg = |extra: &str| {
+        schedule::SchedulerConfig::from_json_str(&format!(
+            r#"{{"_class_name": "FlowMatchEulerDiscreteScheduler", "_diffusers_version": "0.42.1", {extra}}}"#
+        ))
+        .unwrap()
+    };
+    SchedulePolicy::from_config(&cfg(r#""stochastic_sampling": false"#)).unwrap();
+    let err = SchedulePolicy::from_config(&cfg(
+        r#""stochastic_sampling": true, "some_future_flag": 1"#,
+    ))
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("stochastic_sampling = true") && err.contains("some_future_flag = 1"),
+        "{err}"
+    );
     let missing = SchedulePolicy::load(dir.join("no-such-model")).unwrap_err();
     assert!(
         matches!(missing, schedule::ScheduleError::Io { .. }),

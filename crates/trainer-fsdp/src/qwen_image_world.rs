@@ -14,6 +14,9 @@
 //!   schema (`prompt-data`); a record's `metadata.category`, when it is a string, names its
 //!   evaluation category (otherwise `t2i`).
 //! * **Scorers.** `[reward] scorers` (the recipe's: PickScore).
+//! * **Schedule.** `[sampling] scheduler`, which must give the sigmas of the directory's own
+//!   `scheduler/scheduler_config.json` at the run's size and step count (the recipe's built-in
+//!   Qwen-Image policy is the published one); another is refused with the file form to use.
 
 use std::path::{Path, PathBuf};
 
@@ -25,6 +28,7 @@ use dit_models::{
 };
 use qwen_image::{FrozenComponents, PipelineIndex};
 use reward::{Batch, Components, PickScore, RgbImage};
+use schedule::SchedulePolicy;
 use trajectory::{Conditions, Digest};
 
 use crate::config::{DataSection, SamplingSection, ScorerSpec, Trainable};
@@ -219,6 +223,30 @@ impl<Bi: Backend> QwenImageWorld<Bi> {
         let index = PipelineIndex::open(dir)?;
         let dit =
             QwenImageConfig::from_diffusers_json(index.transformer_dir().join("config.json"))?;
+        // the run samples with the configured schedule: it must be the directory's own
+        let (h, w, n) = (
+            sampling.height,
+            sampling.width,
+            sampling.num_inference_steps,
+        );
+        let configured = sampling.scheduler.policy()?.sample_sigmas(h, w, n)?;
+        let own = SchedulePolicy::load(index.scheduler_config())?.sample_sigmas(h, w, n)?;
+        if configured.sigmas != own.sigmas {
+            return Err(incompatible(
+                "sampling.scheduler",
+                format!(
+                    "{:?} (sigmas {:?})",
+                    sampling.scheduler,
+                    configured.sigmas.as_slice()
+                ),
+                format!(
+                    "the schedule of {} (sigmas {:?} at {w}x{h}, {n} steps): set sampling.scheduler = {{ file = \"{}\" }}",
+                    index.scheduler_config().display(),
+                    own.sigmas.as_slice(),
+                    index.component("scheduler").display()
+                ),
+            ));
+        }
         let frozen = FrozenComponents::<Bi>::load(index, variant, device)?;
         let z = frozen.vae_config.z_dim;
         let patch = dit.patch_size;

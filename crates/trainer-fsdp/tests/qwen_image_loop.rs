@@ -230,6 +230,17 @@ fn the_qwen_image_world_refuses_what_does_not_fit() {
         "{err}"
     );
 
+    // a schedule other than the directory's own
+    let cfg = tiny_config(root.path(), 1, &["sampling.scheduler=\"sd3_5\""]);
+    let pre = cfg.preflight().unwrap();
+    let err = dispatch::<B, _>(&cfg, &pre, &device, Describe)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("sampling.scheduler") && err.contains("scheduler_config.json"),
+        "{err}"
+    );
+
     // no prompt files: both keys named before anything loads
     let mut cfg = tiny_config(root.path(), 1, &[]);
     cfg.data.train = None;
