@@ -1,6 +1,6 @@
 //! The reference fixtures, run on the GPU backends compiled into this build: the sde-math
-//! kernels, and the Qwen-Image transformer (base, PEFT adapter, bf16 sharded checkpoint, LoRA
-//! gradients).
+//! kernels, the Qwen-Image transformer (base, PEFT adapter, bf16 sharded checkpoint, LoRA
+//! gradients), and the other Qwen-Image components (text encoder, prompt encoding, VAE).
 //!
 //! `cargo test --features wgpu --test backend_parity` runs them on wgpu (on a machine without a
 //! GPU, Mesa's lavapipe software Vulkan driver serves); `--features cuda` on CUDA. Without either
@@ -215,6 +215,135 @@ fn lora_gradients<B: burn::tensor::backend::AutodiffBackend>(
         "{name}: {}: relative gradient error {:e} > {tol:e}",
         worst.1,
         worst.0
+    );
+}
+
+/// The Qwen-Image text encoder (`hidden_states[-1]` of a padded batch), `encode_prompt` and the
+/// VAE (decode, encode) on `B` against transformers / diffusers (`fixtures/qwen_image`): max
+/// abs error relative to the largest reference value. Every error is printed before the worst
+/// is checked.
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+fn qwen_image_components<B: burn::tensor::backend::Backend>(
+    name: &str,
+    dev: &B::Device,
+    precision: MatmulPrecision,
+) {
+    use burn::tensor::{Tensor, TensorData};
+    use qwen_image::{PromptEncoder, QwenTokenizer, TextEncoder, TokenBatch, Vae};
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures")
+        .join("qwen_image");
+    let read = |file: &str| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(root.join(file)).unwrap()).unwrap()
+    };
+    let rows = |v: &serde_json::Value| -> Vec<Vec<u32>> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                r.as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|x| x.as_u64().unwrap() as u32)
+                    .collect()
+            })
+            .collect()
+    };
+    let tensor = |v: &serde_json::Value| -> Tensor<B, 4> {
+        let (shape, data) = dit::values(v);
+        Tensor::from_data(TensorData::new(data, shape), dev)
+    };
+    let mut worst = (0.0, String::new());
+    let mut check = |what: &str, got: Tensor<B, 3>, want: &serde_json::Value| {
+        let (shape, data) = dit::values(want);
+        let err = dit::max_abs_diff(got, (&shape, &data)) / dit::max_magnitude(&data);
+        println!("{name}/{what}: max abs error / max |output| = {err:.3e}");
+        if is_worse(err, worst.0) {
+            worst = (err, what.to_string());
+        }
+    };
+    let te = read("text_encoder.json");
+    let pipeline = root.join("tiny_pipeline");
+    let (encoder, _) = TextEncoder::<B>::from_dir(pipeline.join("text_encoder"), dev).unwrap();
+    let batch = TokenBatch {
+        ids: rows(&te["hidden"]["input_ids"]),
+        mask: rows(&te["hidden"]["attention_mask"])
+            .into_iter()
+            .map(|r| r.into_iter().map(|m| m as u8).collect())
+            .collect(),
+    };
+    check(
+        "text_encoder",
+        encoder.forward(&batch, dev).unwrap(),
+        &te["hidden"]["last_hidden_state"],
+    );
+    let prompts = PromptEncoder::new(
+        QwenTokenizer::from_dir(pipeline.join("tokenizer")).unwrap(),
+        encoder,
+    );
+    for case in te["encode_prompt"].as_array().unwrap() {
+        let texts: Vec<&str> = case["prompts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p.as_str().unwrap())
+            .collect();
+        let max = case["max_sequence_length"].as_u64().unwrap() as usize;
+        let got = prompts.encode(&texts, max, dev).unwrap().embeds;
+        check(&format!("encode_prompt_{max}"), got, &case["prompt_embeds"]);
+    }
+    let vae_case = &read("vae.json")["vae"];
+    let (vae, _) = Vae::<B>::from_dir(pipeline.join("vae"), dev).unwrap();
+    let flat = |t: Tensor<B, 4>| {
+        let [b, c, h, w] = t.dims();
+        t.reshape([b, c, h * w])
+    };
+    let flat_want = |v: &serde_json::Value| {
+        let (shape, data) = dit::values(v);
+        serde_json::json!({"shape": [shape[0], shape[1], shape[2] * shape[3]], "data": data})
+    };
+    let decoded = vae.decode_unclamped(tensor(&vae_case["latents"]));
+    check(
+        "vae_decode",
+        flat(decoded),
+        &flat_want(&vae_case["decoded_unclamped"]),
+    );
+    let moments = vae.encode_moments(tensor(&vae_case["image"]));
+    check(
+        "vae_encode",
+        flat(moments),
+        &flat_want(&vae_case["encoded"]),
+    );
+    let tol = precision.relative_tolerance();
+    println!(
+        "{name}: Qwen-Image components, worst relative error {:.3e} ({}), tolerance {tol:.3e} ({precision:?})",
+        worst.0, worst.1
+    );
+    assert!(
+        worst.0 <= tol,
+        "{name}: {}: relative error {:e} > {tol:e}",
+        worst.1,
+        worst.0
+    );
+}
+
+#[cfg(feature = "wgpu")]
+#[test]
+fn qwen_image_components_match_on_wgpu() {
+    qwen_image_components::<flowrl::backend::Wgpu>(
+        "wgpu",
+        &Default::default(),
+        MatmulPrecision::F32,
+    );
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+fn qwen_image_components_match_on_cuda() {
+    qwen_image_components::<flowrl::backend::Cuda>(
+        "cuda",
+        &Default::default(),
+        MatmulPrecision::Tf32,
     );
 }
 
