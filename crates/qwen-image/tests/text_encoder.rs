@@ -14,85 +14,16 @@ use qwen_image::tokenizer::{PaddingSide, TokenizerForm};
 use qwen_image::{PromptEncoder, QwenImageError, QwenTokenizer, TextEncoder, TokenBatch};
 use serde_json::Value;
 
-/// Max-abs tolerance of every comparison against transformers / diffusers (f32).
-const TOL: f64 = 1e-4;
+mod support;
 
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .ancestors()
-        .map(|d| d.join("fixtures").join("qwen_image"))
-        .find(|d| d.is_dir())
-        .expect("fixtures/qwen_image above the crate")
-}
+use support::{TOL, fixtures, max_abs_err_where, values};
 
 fn fixture() -> Value {
-    let text =
-        std::fs::read_to_string(fixtures().join("text_encoder.json")).expect("text_encoder.json");
-    let v: Value = serde_json::from_str(&text).expect("json");
-    assert_eq!(
-        v["tolerance"]["f32_max_abs"].as_f64(),
-        Some(TOL),
-        "tolerance recorded in the fixture differs"
-    );
-    v
+    support::fixture("text_encoder.json")
 }
 
 fn pipeline() -> PathBuf {
     fixtures().join("tiny_pipeline")
-}
-
-/// NaN-propagating maximum: a NaN difference makes every `err <= tol` after it fail
-/// (`f64::max` would drop it).
-fn worse(a: f64, b: f64) -> f64 {
-    if a.is_nan() || b.is_nan() {
-        f64::NAN
-    } else {
-        a.max(b)
-    }
-}
-
-/// Max abs difference over the positions where `keep` is true; NaN on any NaN.
-fn max_abs_err(got: &[f32], want: &[f32], keep: impl Fn(usize) -> bool) -> f64 {
-    assert_eq!(got.len(), want.len(), "lengths");
-    got.iter()
-        .zip(want)
-        .enumerate()
-        .filter(|(i, _)| keep(*i))
-        .map(|(_, (a, b))| (*a as f64 - *b as f64).abs())
-        .fold(0.0, worse)
-}
-
-#[test]
-fn max_abs_err_fails_on_nan_in_either_input() {
-    let passes = |err: f64| err <= TOL;
-    let clean = [0.5f32, -2.0, 1.0];
-    assert!(passes(max_abs_err(&clean, &clean, |_| true)));
-    for i in 0..clean.len() {
-        let mut nan = clean;
-        nan[i] = f32::NAN;
-        for err in [
-            max_abs_err(&nan, &clean, |_| true),
-            max_abs_err(&clean, &nan, |_| true),
-        ] {
-            assert!(err.is_nan() && !passes(err), "NaN at {i} read as {err}");
-        }
-    }
-}
-
-fn tensor_values(v: &Value) -> (Vec<usize>, Vec<f32>) {
-    let shape = v["shape"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|d| d.as_u64().unwrap() as usize)
-        .collect();
-    let data = v["data"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_f64().unwrap() as f32)
-        .collect();
-    (shape, data)
 }
 
 fn rows<T: TryFrom<u64>>(v: &Value) -> Vec<Vec<T>>
@@ -118,10 +49,10 @@ fn check<B: Backend, const D: usize>(
     want: &Value,
     keep: impl Fn(usize) -> bool,
 ) {
-    let (shape, data) = tensor_values(want);
+    let (shape, data) = values(want);
     assert_eq!(got.dims().to_vec(), shape, "{what}: shape");
     let got: Vec<f32> = got.into_data().convert::<f32>().to_vec().unwrap();
-    let err = max_abs_err(&got, &data, keep);
+    let err = max_abs_err_where(&got, &data, keep);
     eprintln!("{what}: max abs error {err:.3e}");
     assert!(err <= TOL, "{what}: max abs error {err:e} > {TOL:e}");
 }

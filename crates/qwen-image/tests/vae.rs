@@ -2,7 +2,7 @@
 //! `fixtures/generate/qwen_image_fixtures.py` from the tiny Qwen-Image directory's
 //! `AutoencoderKLQwenImage`), and the errors of bad configurations.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use burn::backend::NdArray;
 use burn::backend::flex::Flex;
@@ -12,94 +12,26 @@ use qwen_image::latents::{pack_latents, unpack_latents};
 use qwen_image::{QwenImageError, Vae, VaeConfig};
 use serde_json::Value;
 
-/// Max-abs tolerance of every comparison against diffusers (f32).
-const TOL: f64 = 1e-4;
+mod support;
 
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .ancestors()
-        .map(|d| d.join("fixtures").join("qwen_image"))
-        .find(|d| d.is_dir())
-        .expect("fixtures/qwen_image above the crate")
-}
+use support::{TOL, fixtures, max_abs_err, values};
 
 fn fixture() -> Value {
-    let text = std::fs::read_to_string(fixtures().join("vae.json")).expect("vae.json");
-    let v: Value = serde_json::from_str(&text).expect("json");
-    assert_eq!(
-        v["tolerance"]["f32_max_abs"].as_f64(),
-        Some(TOL),
-        "tolerance recorded in the fixture differs"
-    );
-    v
+    support::fixture("vae.json")
 }
 
 fn vae_dir() -> PathBuf {
     fixtures().join("tiny_pipeline").join("vae")
 }
 
-/// NaN-propagating maximum (`f64::max` would drop a NaN).
-fn worse(a: f64, b: f64) -> f64 {
-    if a.is_nan() || b.is_nan() {
-        f64::NAN
-    } else {
-        a.max(b)
-    }
-}
-
-/// Max abs difference; NaN on any NaN.
-fn max_abs_err(got: &[f32], want: &[f32]) -> f64 {
-    assert_eq!(got.len(), want.len(), "lengths");
-    got.iter()
-        .zip(want)
-        .map(|(a, b)| (*a as f64 - *b as f64).abs())
-        .fold(0.0, worse)
-}
-
-#[test]
-fn max_abs_err_fails_on_nan_in_either_input() {
-    let passes = |err: f64| err <= TOL;
-    let clean = [0.5f32, -2.0, 1.0];
-    assert!(passes(max_abs_err(&clean, &clean)));
-    for i in 0..clean.len() {
-        let mut nan = clean;
-        nan[i] = f32::NAN;
-        for err in [max_abs_err(&nan, &clean), max_abs_err(&clean, &nan)] {
-            assert!(err.is_nan() && !passes(err), "NaN at {i} read as {err}");
-        }
-    }
-}
-
 fn tensor<B: Backend, const D: usize>(v: &Value, device: &B::Device) -> Tensor<B, D> {
-    let shape: Vec<usize> = v["shape"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|d| d.as_u64().unwrap() as usize)
-        .collect();
-    let data: Vec<f32> = v["data"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_f64().unwrap() as f32)
-        .collect();
+    let (shape, data) = values(v);
     Tensor::from_data(TensorData::new(data, shape), device)
 }
 
 fn check<B: Backend, const D: usize>(what: &str, got: Tensor<B, D>, want: &Value) {
-    let shape: Vec<usize> = want["shape"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|d| d.as_u64().unwrap() as usize)
-        .collect();
+    let (shape, data) = values(want);
     assert_eq!(got.dims().to_vec(), shape, "{what}: shape");
-    let data: Vec<f32> = want["data"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_f64().unwrap() as f32)
-        .collect();
     let got: Vec<f32> = got.into_data().convert::<f32>().to_vec().unwrap();
     let err = max_abs_err(&got, &data);
     eprintln!("{what}: max abs error {err:.3e}");

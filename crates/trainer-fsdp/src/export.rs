@@ -408,6 +408,23 @@ impl<B: AutodiffBackend> WorldJob<B> for ExportJob<'_, B> {
     }
 }
 
+/// The fixed probe an export's verification compares velocities on: two samples of
+/// `[tokens, channels]` latents (`sin(0.618 i)`) at `sigma = 0.8` and `0.3`.
+pub fn velocity_probe<Bi: burn::tensor::backend::Backend>(
+    tokens: usize,
+    channels: usize,
+    device: &Bi::Device,
+) -> (Tensor<Bi, 3>, Tensor<Bi, 1>) {
+    let values: Vec<f32> = (0..2 * tokens * channels)
+        .map(|i| (i as f32 * 0.618).sin())
+        .collect();
+    let x = Tensor::from_data(
+        burn::tensor::TensorData::new(values, [2, tokens, channels]),
+        device,
+    );
+    (x, Tensor::from_floats([0.8, 0.3], device))
+}
+
 /// The Qwen-Image transformer's export, for every world whose policy is a
 /// [`QwenImageTransformer2DModel`]: `model` (the checkpoint's policy on a plain backend) in
 /// `request.form` into `out`, against the base transformer directory `base`; with

@@ -159,6 +159,38 @@ pub fn load_transformer_policy<B: AutodiffBackend>(
     })
 }
 
+/// Scores decoded images with their prompts (no per-sample metadata).
+///
+/// # Errors
+/// Scorer errors.
+pub(crate) fn score_images(
+    scorer: &SharedScorer,
+    samples: &[RgbImage],
+    prompts: &[String],
+) -> Result<Vec<Components>, TrainerError> {
+    let meta: Vec<serde_json::Value> = vec![serde_json::Value::Null; prompts.len()];
+    Ok(scorer.score(Batch::new(Some(samples), Some(prompts), Some(&meta))?)?)
+}
+
+/// Under LoRA, the adapter as a PEFT adapter directory's two files against the base
+/// `transformer_dir` (so that a checkpoint directory loads with `PeftModel.from_pretrained`);
+/// nothing under full fine-tuning (the merged export writes the whole transformer).
+///
+/// # Errors
+/// Model errors.
+pub(crate) fn transformer_checkpoint_files<B: AutodiffBackend>(
+    policy: &QwenImageTransformer2DModel<B>,
+    transformer_dir: &Path,
+) -> Result<Vec<(&'static str, Vec<u8>)>, TrainerError> {
+    if policy.lora_config().is_none() {
+        return Ok(Vec::new());
+    }
+    let base = transformer_dir.display().to_string();
+    Ok(burn::module::AutodiffModule::valid(policy)
+        .peft_adapter_files(Some(&base))?
+        .into())
+}
+
 /// The Qwen-Image world (see the module docs).
 pub struct QwenImageWorld<Bi: Backend> {
     dir: PathBuf,
@@ -441,10 +473,7 @@ impl<B: AutodiffBackend> World<B> for QwenImageWorld<B::InnerBackend> {
         samples: &[RgbImage],
         prompts: &[String],
     ) -> Result<Vec<Components>, TrainerError> {
-        let meta: Vec<serde_json::Value> = vec![serde_json::Value::Null; prompts.len()];
-        Ok(self
-            .scorer
-            .score(Batch::new(Some(samples), Some(prompts), Some(&meta))?)?)
+        score_images(&self.scorer, samples, prompts)
     }
 
     fn image(&self, sample: &RgbImage) -> Option<RgbImage> {
@@ -457,13 +486,7 @@ impl<B: AutodiffBackend> World<B> for QwenImageWorld<B::InnerBackend> {
         &self,
         policy: &QwenImageTransformer2DModel<B>,
     ) -> Result<Vec<(&'static str, Vec<u8>)>, TrainerError> {
-        if policy.lora_config().is_none() {
-            return Ok(Vec::new());
-        }
-        let base = self.dir.join("transformer").display().to_string();
-        Ok(burn::module::AutodiffModule::valid(policy)
-            .peft_adapter_files(Some(&base))?
-            .into())
+        transformer_checkpoint_files(policy, &self.dir.join("transformer"))
     }
 
     /// Every [`ExportForm`](crate::export::ExportForm) of the transformer, against the base
@@ -481,11 +504,7 @@ impl<B: AutodiffBackend> World<B> for QwenImageWorld<B::InnerBackend> {
         let second = self.held_out.get(1).map_or(first, |h| &h.prompt);
         let cond = self.conditioning(&[first.as_str(), second.as_str()], &device)?;
         let [tokens, channels] = <Self as World<B>>::latent_shape(self);
-        let values: Vec<f32> = (0..2 * tokens * channels)
-            .map(|i| (i as f32 * 0.618).sin())
-            .collect();
-        let x = Tensor::from_data(TensorData::new(values, [2, tokens, channels]), &device);
-        let sigma = Tensor::from_floats([0.8, 0.3], &device);
+        let (x, sigma) = crate::export::velocity_probe(tokens, channels, &device);
         crate::export::export_qwen_image_transformer(
             &<Self as World<B>>::name(self),
             model,

@@ -39,13 +39,15 @@ use dit_models::{
     ImageShape, QwenImageConditioning, QwenImageConfig, QwenImageTransformer2DModel, VelocityModel,
 };
 use reward::shapes::{Category, IMAGE_SIZE, SHAPES_COMPONENT, SceneSpec, ShapesScorer};
-use reward::{Batch, Components, RgbImage};
+use reward::{Components, RgbImage};
 use sde_math::StorageDtype;
 use trajectory::{Conditions, StoredTensor};
 
 use crate::config::{DataSection, ScorerSpec, Trainable};
 use crate::error::{TrainerError, io_err};
-use crate::qwen_image_world::{draw_distinct, load_transformer_policy};
+use crate::qwen_image_world::{
+    draw_distinct, load_transformer_policy, score_images, transformer_checkpoint_files,
+};
 use crate::rng::TrainerRng;
 use crate::scorers::ScorerSet;
 use crate::world::{HeldOutPrompt, LoadedPolicy, World};
@@ -779,10 +781,7 @@ impl<B: AutodiffBackend> World<B> for ShapesWorld<B::InnerBackend> {
         samples: &[RgbImage],
         prompts: &[String],
     ) -> Result<Vec<Components>, TrainerError> {
-        let meta: Vec<serde_json::Value> = vec![serde_json::Value::Null; prompts.len()];
-        Ok(self
-            .scorer
-            .score(Batch::new(Some(samples), Some(prompts), Some(&meta))?)?)
+        score_images(&self.scorer, samples, prompts)
     }
 
     fn image(&self, sample: &RgbImage) -> Option<RgbImage> {
@@ -796,11 +795,7 @@ impl<B: AutodiffBackend> World<B> for ShapesWorld<B::InnerBackend> {
         &self,
         policy: &QwenImageTransformer2DModel<B>,
     ) -> Result<Vec<(&'static str, Vec<u8>)>, TrainerError> {
-        if policy.lora_config().is_none() {
-            return Ok(Vec::new());
-        }
-        let base = self.dir.join("transformer").display().to_string();
-        Ok(policy.valid().peft_adapter_files(Some(&base))?.into())
+        transformer_checkpoint_files(policy, &self.dir.join("transformer"))
     }
 
     /// Every [`ExportForm`](crate::export::ExportForm) of the transformer, against the base
@@ -819,12 +814,8 @@ impl<B: AutodiffBackend> World<B> for ShapesWorld<B::InnerBackend> {
             .map(String::as_str)
             .collect();
         let cond = text_conditioning(&self.text, &prompts, &device)?;
-        let [tokens, channels] = [TOKEN_GRID * TOKEN_GRID, TOKEN_CHANNELS];
-        let values: Vec<f32> = (0..2 * tokens * channels)
-            .map(|i| (i as f32 * 0.618).sin())
-            .collect();
-        let x = Tensor::from_data(TensorData::new(values, [2, tokens, channels]), &device);
-        let sigma = Tensor::from_floats([0.8, 0.3], &device);
+        let (x, sigma) =
+            crate::export::velocity_probe(TOKEN_GRID * TOKEN_GRID, TOKEN_CHANNELS, &device);
         crate::export::export_qwen_image_transformer(
             &<Self as World<B>>::name(self),
             model,

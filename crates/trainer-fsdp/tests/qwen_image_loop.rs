@@ -279,53 +279,11 @@ fn the_qwen_image_world_refuses_what_does_not_fit() {
     assert!(err.contains("model_index.json"), "{err}");
 }
 
-fn values(v: &serde_json::Value) -> (Vec<usize>, Vec<f32>) {
-    let shape = v["shape"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|d| d.as_u64().unwrap() as usize)
-        .collect();
-    let data = v["data"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_f64().unwrap() as f32)
-        .collect();
-    (shape, data)
-}
+/// The Qwen-Image crate's fixture helpers: tensors and the NaN-proof comparison.
+#[path = "../../qwen-image/tests/support/mod.rs"]
+mod support;
 
-/// NaN-propagating maximum (`f64::max` would drop a NaN).
-fn worse(a: f64, b: f64) -> f64 {
-    if a.is_nan() || b.is_nan() {
-        f64::NAN
-    } else {
-        a.max(b)
-    }
-}
-
-/// Max abs difference of equally long slices; NaN on any NaN.
-fn max_abs_err(got: &[f32], want: &[f32]) -> f64 {
-    assert_eq!(got.len(), want.len(), "lengths");
-    got.iter()
-        .zip(want)
-        .map(|(a, b)| (*a as f64 - *b as f64).abs())
-        .fold(0.0, worse)
-}
-
-#[test]
-fn max_abs_err_fails_on_nan_in_either_input() {
-    let passes = |err: f64| err <= 1e-4;
-    let clean = [0.5f32, -2.0, 1.0];
-    assert!(passes(max_abs_err(&clean, &clean)));
-    for i in 0..clean.len() {
-        let mut nan = clean;
-        nan[i] = f32::NAN;
-        for err in [max_abs_err(&nan, &clean), max_abs_err(&clean, &nan)] {
-            assert!(err.is_nan() && !passes(err), "NaN at {i} read as {err}");
-        }
-    }
-}
+use support::{max_abs_err, values, worse};
 
 /// `QwenImagePipeline.__call__` on the tiny directory (`fixtures/qwen_image/pipeline.json`:
 /// two prompts of different lengths, 32x48 pixels, 3 Euler steps from given latents) through

@@ -310,34 +310,34 @@ impl<B: Backend> Vae<B> {
         }
     }
 
-    fn per_channel(&self, values: Vec<f32>, device: &B::Device) -> Tensor<B, 4> {
-        let z = values.len();
-        Tensor::from_data(TensorData::new(values, [1, z, 1, 1]), device)
+    /// The per-channel `(mean, 1 / std)` of the latent normalisation, each `[1, z, 1, 1]`, the
+    /// reciprocal rounded to `f32` as the pipeline computes it.
+    fn normalisation(&self, device: &B::Device) -> (Tensor<B, 4>, Tensor<B, 4>) {
+        let z = self.z_dim();
+        let channel =
+            |values: Vec<f32>| Tensor::from_data(TensorData::new(values, [1, z, 1, 1]), device);
+        (
+            channel(self.latents_mean.iter().map(|m| *m as f32).collect()),
+            channel(
+                self.latents_std
+                    .iter()
+                    .map(|s| 1.0f32 / *s as f32)
+                    .collect(),
+            ),
+        )
     }
 
     /// Undoes the pipeline's latent normalisation: `latents / (1 / std) + mean` per channel,
     /// as `QwenImagePipeline` writes it (the reciprocal rounded to `f32` first).
     pub fn denormalize(&self, latents: Tensor<B, 4>) -> Tensor<B, 4> {
-        let device = latents.device();
-        let inv: Vec<f32> = self
-            .latents_std
-            .iter()
-            .map(|s| 1.0f32 / *s as f32)
-            .collect();
-        let mean: Vec<f32> = self.latents_mean.iter().map(|m| *m as f32).collect();
-        latents / self.per_channel(inv, &device) + self.per_channel(mean, &device)
+        let (mean, inv_std) = self.normalisation(&latents.device());
+        latents / inv_std + mean
     }
 
     /// The pipeline's latent normalisation of encoded images: `(latents - mean) · (1 / std)`.
     pub fn normalize(&self, latents: Tensor<B, 4>) -> Tensor<B, 4> {
-        let device = latents.device();
-        let inv: Vec<f32> = self
-            .latents_std
-            .iter()
-            .map(|s| 1.0f32 / *s as f32)
-            .collect();
-        let mean: Vec<f32> = self.latents_mean.iter().map(|m| *m as f32).collect();
-        (latents - self.per_channel(mean, &device)) * self.per_channel(inv, &device)
+        let (mean, inv_std) = self.normalisation(&latents.device());
+        (latents - mean) * inv_std
     }
 
     /// The pipeline's last step (`QwenImagePipeline.__call__` with `output_type="pt"`): the

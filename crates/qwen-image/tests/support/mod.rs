@@ -1,0 +1,90 @@
+//! Shared by the `qwen-image` tests (and the trainer's Qwen-Image tests): the fixture folder,
+//! fixture tensors, and the one comparison helper, which fails on NaN.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+/// Max-abs tolerance of every comparison against transformers / diffusers (f32).
+pub const TOL: f64 = 1e-4;
+
+/// `fixtures/qwen_image/` of the workspace.
+pub fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .map(|d| d.join("fixtures").join("qwen_image"))
+        .find(|d| d.is_dir())
+        .expect("fixtures/qwen_image above the crate")
+}
+
+/// A fixture file, its recorded tolerance checked against [`TOL`].
+pub fn fixture(file: &str) -> Value {
+    let text = std::fs::read_to_string(fixtures().join(file)).expect(file);
+    let v: Value = serde_json::from_str(&text).expect("json");
+    assert_eq!(
+        v["tolerance"]["f32_max_abs"].as_f64(),
+        Some(TOL),
+        "tolerance recorded in {file} differs"
+    );
+    v
+}
+
+/// A fixture tensor (`{"shape", "data"}`) as (shape, values).
+pub fn values(v: &Value) -> (Vec<usize>, Vec<f32>) {
+    let shape = v["shape"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d.as_u64().unwrap() as usize)
+        .collect();
+    let data = v["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap() as f32)
+        .collect();
+    (shape, data)
+}
+
+/// NaN-propagating maximum: a NaN makes every `err <= tol` after it fail (`f64::max` would
+/// drop it).
+pub fn worse(a: f64, b: f64) -> f64 {
+    if a.is_nan() || b.is_nan() {
+        f64::NAN
+    } else {
+        a.max(b)
+    }
+}
+
+/// Max abs difference of equally long slices over the positions where `keep` holds; NaN on
+/// any NaN.
+pub fn max_abs_err_where(got: &[f32], want: &[f32], keep: impl Fn(usize) -> bool) -> f64 {
+    assert_eq!(got.len(), want.len(), "lengths");
+    got.iter()
+        .zip(want)
+        .enumerate()
+        .filter(|(i, _)| keep(*i))
+        .map(|(_, (a, b))| (*a as f64 - *b as f64).abs())
+        .fold(0.0, worse)
+}
+
+/// Max abs difference of equally long slices; NaN on any NaN.
+pub fn max_abs_err(got: &[f32], want: &[f32]) -> f64 {
+    max_abs_err_where(got, want, |_| true)
+}
+
+#[test]
+fn max_abs_err_fails_on_nan_in_either_input() {
+    let passes = |err: f64| err <= TOL;
+    let clean = [0.5f32, -2.0, 1.0];
+    assert!(passes(max_abs_err(&clean, &clean)));
+    for i in 0..clean.len() {
+        let mut nan = clean;
+        nan[i] = f32::NAN;
+        for err in [max_abs_err(&nan, &clean), max_abs_err(&clean, &nan)] {
+            assert!(err.is_nan() && !passes(err), "NaN at {i} read as {err}");
+        }
+    }
+}
