@@ -133,3 +133,23 @@ pub(crate) fn read_json(path: &Path) -> Result<serde_json::Value, QwenImageError
         source,
     })
 }
+
+/// Reads a configuration file and parses it with `parse`, its problems reported as one
+/// [`QwenImageError::Config`] naming the file.
+pub(crate) fn parse_config_file<T>(
+    path: &Path,
+    parse: impl FnOnce(&serde_json::Value) -> Result<T, Vec<ConfigProblem>>,
+) -> Result<T, QwenImageError> {
+    parse(&read_json(path)?).map_err(|problems| QwenImageError::Config {
+        path: path.to_path_buf(),
+        problems,
+    })
+}
+
+/// The root object of a configuration, or the one problem that it is not an object.
+pub(crate) fn root_object(
+    root: &serde_json::Value,
+) -> Result<&serde_json::Map<String, serde_json::Value>, Vec<ConfigProblem>> {
+    root.as_object()
+        .ok_or_else(|| vec![ConfigProblem::new("(root)", root, "a JSON object")])
+}

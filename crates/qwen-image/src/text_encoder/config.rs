@@ -6,7 +6,7 @@ use std::path::Path;
 
 use serde_json::{Map, Value};
 
-use crate::error::{ConfigProblem, QwenImageError, read_json};
+use crate::error::{ConfigProblem, QwenImageError, parse_config_file, root_object};
 
 /// Where a `config.json` keeps the text decoder's keys.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -295,20 +295,13 @@ impl TextEncoderConfig {
     /// [`QwenImageError::Io`] / [`QwenImageError::Json`] for an unreadable file,
     /// [`QwenImageError::Config`] listing every problem.
     pub fn from_json_file(path: impl AsRef<Path>) -> Result<Self, QwenImageError> {
-        let path = path.as_ref();
-        let root = read_json(path)?;
-        Self::from_json(&root).map_err(|problems| QwenImageError::Config {
-            path: path.to_path_buf(),
-            problems,
-        })
+        parse_config_file(path.as_ref(), Self::from_json)
     }
 
     /// [`TextEncoderConfig::from_json_file`] on a parsed value; the problems on failure.
     pub fn from_json(root: &Value) -> Result<Self, Vec<ConfigProblem>> {
         let mut problems = Vec::new();
-        let Some(root) = root.as_object() else {
-            return Err(vec![ConfigProblem::new("(root)", root, "a JSON object")]);
-        };
+        let root = root_object(root)?;
         let mut top = Section::new(root, "");
         match top.get("model_type") {
             Some(Value::String(s)) if s == "qwen2_5_vl" => {}

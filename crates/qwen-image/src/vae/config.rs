@@ -5,7 +5,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use crate::error::{ConfigProblem, QwenImageError, read_json};
+use crate::error::{ConfigProblem, QwenImageError, parse_config_file, root_object};
 
 /// The class name a diffusers VAE directory must record.
 pub const CLASS_NAME: &str = "AutoencoderKLQwenImage";
@@ -99,20 +99,13 @@ impl VaeConfig {
     /// [`QwenImageError::Io`] / [`QwenImageError::Json`] for an unreadable file,
     /// [`QwenImageError::Config`] listing every problem.
     pub fn from_json_file(path: impl AsRef<Path>) -> Result<Self, QwenImageError> {
-        let path = path.as_ref();
-        let root = read_json(path)?;
-        Self::from_json(&root).map_err(|problems| QwenImageError::Config {
-            path: path.to_path_buf(),
-            problems,
-        })
+        parse_config_file(path.as_ref(), Self::from_json)
     }
 
     /// [`VaeConfig::from_json_file`] on a parsed value; the problems on failure.
     pub fn from_json(root: &Value) -> Result<Self, Vec<ConfigProblem>> {
         let mut p = Vec::new();
-        let Some(map) = root.as_object() else {
-            return Err(vec![ConfigProblem::new("(root)", root, "a JSON object")]);
-        };
+        let map = root_object(root)?;
         let mut c = VaeConfig::default();
         let float = |x: &Value| x.as_f64();
         for (key, v) in map {
