@@ -7,15 +7,47 @@
 //!
 //! * [`BaseGrid::FlowMatch`]: diffusers pipelines build `numpy.linspace(1, 1/N, N)` in `f64`,
 //!   `FlowMatchEulerDiscreteScheduler.set_timesteps(sigmas=...)` casts it to `f32` and shifts it
-//!   with `f32` numpy arithmetic (numpy 1.x promotion rules, see [`flow_match`]).
+//!   with `f32` numpy arithmetic (the terminal stretch's scalar scale follows numpy 2's
+//!   promotion by default, numpy 1.x's under [`Compat::Diffusers035Numpy1`]; see
+//!   [`flow_match`]).
 //! * [`BaseGrid::Dance`]: DanceGRPO's `sd3_time_shift(shift, torch.linspace(1, 0, N + 1))`, all
 //!   in `f32` torch arithmetic. `torch.linspace` on an AVX2/AVX512 CPU evaluates
 //!   `start + step * i` with a fused multiply-add (a build without AVX2 does not, and differs by
 //!   one ulp at some indices); this crate follows the AVX2 build.
 //! * [`BaseGrid::UniPcFlow`]: `UniPCMultistepScheduler.set_timesteps` with `use_flow_sigmas`,
-//!   in `f64` numpy arithmetic, rounded to `f32` once at the end.
+//!   in `f64` numpy arithmetic, rounded to `f32` once at the end; the grid of diffusers 0.36+
+//!   by default, 0.35's under [`Compat::Diffusers035Numpy1`].
 
 use crate::shift::TimeShift;
+
+/// Which reference's arithmetic a schedule reproduces where diffusers and numpy releases
+/// differ.
+///
+/// * The terminal stretch of the FlowMatch grid computes its scale
+///   `(1 - t)[-1] / (1 - shift_terminal)` from a numpy `float32` scalar and a Python float:
+///   numpy 2 (NEP 50) keeps that in `f32`, numpy 1.x promoted it to `f64`. The two differ by at
+///   most one ulp in some sigmas.
+/// * UniPC's flow grid: diffusers 0.36+ shifts `linspace(1, 1/T, N + 1)[:-1]` (and nudges a
+///   first sigma of 1 down by `1e-6`); 0.35 shifted `1 - linspace(1, 1/T, N + 1)`, reversed,
+///   without its final zero: another grid.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum Compat {
+    /// diffusers 0.36 and later under numpy 2 (the releases users install today).
+    #[default]
+    Current,
+    /// diffusers 0.35 under numpy 1.x.
+    Diffusers035Numpy1,
+}
+
+impl Compat {
+    /// The name the trainer's config uses.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Compat::Current => "current",
+            Compat::Diffusers035Numpy1 => "diffusers_0_35",
+        }
+    }
+}
 
 /// The base grid `t_0 > t_1 > ...` that a time shift is applied to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,9 +55,11 @@ pub enum BaseGrid {
     /// diffusers' FlowMatch pipelines (FLUX.1, FLUX.2, Qwen-Image, SD3 with explicit sigmas):
     /// `t = linspace(1, 1/N, N)`, shifted, then `0` appended. Starts at `sigma = 1`.
     FlowMatch,
-    /// UniPC's flow grid (`use_flow_sigmas`): `t = 1 - linspace(1, 1/T, N + 1)` reversed,
-    /// shifted, its final (zero) entry dropped, then `0` appended; `T = num_train_timesteps`.
-    /// Starts below 1, at `shift(1 - 1/T)`.
+    /// UniPC's flow grid (`use_flow_sigmas`), then `0` appended; `T = num_train_timesteps`.
+    /// diffusers 0.36+: `t = linspace(1, 1/T, N + 1)[:-1]`, shifted, a first value of 1
+    /// lowered by `1e-6`; diffusers 0.35: `t = 1 - linspace(1, 1/T, N + 1)` reversed, shifted,
+    /// its final (zero) entry dropped, starting at `shift(1 - 1/T)` ([`Compat`]). Starts below 1
+    /// either way.
     UniPcFlow,
     /// DanceGRPO: `t = linspace(1, 0, N + 1)`, shifted (its last value is already 0).
     Dance,
@@ -102,15 +136,24 @@ fn shift_f32(t: f32, shift: &ResolvedShift) -> f32 {
 /// The FlowMatch grid, shifted, stretched to `shift_terminal` if given, with `0` appended.
 ///
 /// diffusers' stretch computes `scale = (1 - t)[-1] / (1 - shift_terminal)` as a numpy scalar
-/// operation, which numpy 1.x evaluates in `f64`, then divides the `f32` array by it in `f32`.
-pub(crate) fn flow_match(n: usize, shift: &ResolvedShift, shift_terminal: Option<f64>) -> Vec<f32> {
+/// operation, which numpy 2 evaluates in `f32` and numpy 1.x in `f64` ([`Compat`]), then
+/// divides the `f32` array by it in `f32`.
+pub(crate) fn flow_match(
+    n: usize,
+    shift: &ResolvedShift,
+    shift_terminal: Option<f64>,
+    compat: Compat,
+) -> Vec<f32> {
     let mut t: Vec<f32> = numpy_linspace(1.0, 1.0 / n as f64, n)
         .into_iter()
         .map(|v| shift_f32(v as f32, shift))
         .collect();
     if let Some(term) = shift_terminal {
         let one_minus: Vec<f32> = t.iter().map(|v| 1.0f32 - v).collect();
-        let scale = (f64::from(one_minus[n - 1]) / (1.0 - term)) as f32;
+        let scale = match compat {
+            Compat::Current => one_minus[n - 1] / (1.0 - term) as f32,
+            Compat::Diffusers035Numpy1 => (f64::from(one_minus[n - 1]) / (1.0 - term)) as f32,
+        };
         t = one_minus.iter().map(|o| 1.0f32 - o / scale).collect();
     }
     t.push(0.0);
@@ -125,20 +168,42 @@ pub(crate) fn dance(n: usize, shift: &ResolvedShift) -> Vec<f32> {
         .collect()
 }
 
-/// UniPC's flow grid in `f64`, rounded to `f32` once, with `0` appended. A dynamic shift uses
-/// `flow_shift = exp(mu)` (diffusers only allows the exponential type here).
-pub(crate) fn unipc_flow(n: usize, num_train_timesteps: u32, shift: &ResolvedShift) -> Vec<f32> {
-    let s = match *shift {
-        ResolvedShift::Static(s) => s,
-        ResolvedShift::Dynamic { mu, .. } => mu.exp(),
+/// UniPC's flow grid in `f64`, rounded to `f32` once, with `0` appended ([`Compat`] picks
+/// the grid).
+///
+/// * Current diffusers: `t = linspace(1, 1/T, N + 1)[:-1]`, shifted (`s t / (1 + (s - 1) t)`
+///   static, `exp(mu) / (exp(mu) + 1/t - 1)` dynamic), a first value within `1e-6` of 1
+///   lowered by `1e-6`.
+/// * diffusers 0.35: `t = 1 - linspace(1, 1/T, N + 1)` reversed without its final zero,
+///   shifted statically by `s`, or by `exp(mu)` for a dynamic shift.
+pub(crate) fn unipc_flow(
+    n: usize,
+    num_train_timesteps: u32,
+    shift: &ResolvedShift,
+    compat: Compat,
+) -> Vec<f32> {
+    let grid = numpy_linspace(1.0, 1.0 / f64::from(num_train_timesteps), n + 1);
+    let static_shift = |s: f64, x: f64| s * x / (1.0 + (s - 1.0) * x);
+    let mut out: Vec<f64> = match compat {
+        Compat::Current => grid[..n]
+            .iter()
+            .map(|&x| match *shift {
+                ResolvedShift::Static(s) => static_shift(s, x),
+                ResolvedShift::Dynamic { mu, .. } => mu.exp() / (mu.exp() + (1.0 / x - 1.0)),
+            })
+            .collect(),
+        Compat::Diffusers035Numpy1 => {
+            let s = match *shift {
+                ResolvedShift::Static(s) => s,
+                ResolvedShift::Dynamic { mu, .. } => mu.exp(),
+            };
+            (0..n).map(|i| static_shift(s, 1.0 - grid[n - i])).collect()
+        }
     };
-    let alphas = numpy_linspace(1.0, 1.0 / f64::from(num_train_timesteps), n + 1);
-    let mut out: Vec<f32> = (0..n)
-        .map(|i| {
-            let x = 1.0 - alphas[n - i];
-            (s * x / (1.0 + (s - 1.0) * x)) as f32
-        })
-        .collect();
+    if compat == Compat::Current && (out[0] - 1.0).abs() < 1e-6 {
+        out[0] -= 1e-6;
+    }
+    let mut out: Vec<f32> = out.into_iter().map(|v| v as f32).collect();
     out.push(0.0);
     out
 }

@@ -57,7 +57,7 @@ mod validate;
 
 pub use config::SchedulerConfig;
 pub use error::{ConfigProblem, PlanProblem, ScheduleError, SigmasDefect};
-pub use grid::BaseGrid;
+pub use grid::{BaseGrid, Compat};
 pub use plan::{
     ConfiguredPlan, EvalFallback, ExplicitSteps, FractionWindow, PerRolloutResample, PlanQuery,
     RandomSubset, Route, RouteSteps, SdeStepPlan, SdeSteps, SlidingWindow, TrainedStepsConfig,

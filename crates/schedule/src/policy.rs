@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use crate::config::{SchedulerConfig, normalize_terminal};
 use crate::error::{ConfigProblem, ScheduleError};
-use crate::grid::{self, BaseGrid, ResolvedShift};
+use crate::grid::{self, BaseGrid, Compat, ResolvedShift};
 use crate::shift::{ComputeMu, Flux2KleinMu, LinearMu, MuInput, Shift, TimeShift};
 use crate::sigmas::{Schedule, Sigmas};
 
@@ -34,6 +34,7 @@ pub struct SchedulePolicy {
     shift: Shift,
     shift_terminal: Option<f64>,
     num_train_timesteps: u32,
+    compat: Compat,
 }
 
 impl SchedulePolicy {
@@ -115,6 +116,7 @@ impl SchedulePolicy {
                 shift,
                 shift_terminal,
                 num_train_timesteps,
+                compat: Compat::Current,
             })
         } else {
             Err(ScheduleError::InvalidConfig { problems })
@@ -314,17 +316,30 @@ impl SchedulePolicy {
         }
     }
 
+    /// The same policy with another reference's arithmetic where releases differ ([`Compat`];
+    /// [`Compat::Current`] by default).
+    pub fn with_compat(mut self, compat: Compat) -> Self {
+        self.compat = compat;
+        self
+    }
+
+    /// Which reference's arithmetic it reproduces.
+    pub fn compat(&self) -> Compat {
+        self.compat
+    }
+
     /// The same shift and stretch on another base grid (validated again).
     ///
     /// # Errors
     /// As [`SchedulePolicy::new`].
     pub fn with_grid(self, grid: BaseGrid) -> Result<Self, ScheduleError> {
-        Self::new(
+        Ok(Self::new(
             grid,
             self.shift,
             self.shift_terminal,
             self.num_train_timesteps,
-        )
+        )?
+        .with_compat(self.compat))
     }
 
     /// Stable Diffusion 3.5 (Large, Medium): static shift 3.0, `T = 1000`, on the FlowMatch grid
@@ -340,6 +355,7 @@ impl SchedulePolicy {
             shift: Shift::Static { shift: 3.0 },
             shift_terminal: None,
             num_train_timesteps: 1000,
+            compat: Compat::Current,
         }
     }
 
@@ -362,6 +378,7 @@ impl SchedulePolicy {
             },
             shift_terminal: Some(0.02),
             num_train_timesteps: 1000,
+            compat: Compat::Current,
         }
     }
 
@@ -384,6 +401,7 @@ impl SchedulePolicy {
             },
             shift_terminal: None,
             num_train_timesteps: 1000,
+            compat: Compat::Current,
         }
     }
 
@@ -398,6 +416,7 @@ impl SchedulePolicy {
             },
             shift_terminal: None,
             num_train_timesteps: 1000,
+            compat: Compat::Current,
         }
     }
 
@@ -473,9 +492,13 @@ impl SchedulePolicy {
             (Shift::Dynamic { .. }, None) => unreachable!("a dynamic shift always has a mu"),
         };
         let mut raw = match self.grid {
-            BaseGrid::FlowMatch => grid::flow_match(steps, &resolved, self.shift_terminal),
+            BaseGrid::FlowMatch => {
+                grid::flow_match(steps, &resolved, self.shift_terminal, self.compat)
+            }
             BaseGrid::Dance => grid::dance(steps, &resolved),
-            BaseGrid::UniPcFlow => grid::unipc_flow(steps, self.num_train_timesteps, &resolved),
+            BaseGrid::UniPcFlow => {
+                grid::unipc_flow(steps, self.num_train_timesteps, &resolved, self.compat)
+            }
         };
         // t = 1 shifted in f32 can round one ulp above 1 (e.g. s / (1 + (s - 1)) for some s); the
         // reference keeps that value, a schedule in [0, 1] cannot: clamp it to exactly 1.

@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use schedule::{
-    BaseGrid, EvalFallback, ExplicitSteps, MuInput, PerRolloutResample, PlanQuery, Schedule,
-    SchedulePolicy, SchedulerConfig, SdeStepPlan,
+    BaseGrid, Compat, EvalFallback, ExplicitSteps, MuInput, PerRolloutResample, PlanQuery,
+    Schedule, SchedulePolicy, SchedulerConfig, SdeStepPlan,
 };
 use serde_json::Value;
 
@@ -121,18 +121,26 @@ fn geometry(case: &Value) -> (u32, u32, usize) {
     )
 }
 
-#[test]
-fn flowmatch_schedules_match_diffusers() {
-    let fx = load("flowmatch_schedules.json");
+/// The FlowMatch cases of `file` under `compat`; every sigma is also required to be the
+/// reference's bit for bit.
+fn flowmatch_cases_match(file: &str, compat: Compat) {
+    let fx = load(file);
     let cases = fx["cases"].as_array().unwrap();
     let mut worst = 0.0f64;
     for case in cases {
         let name = case["name"].as_str().unwrap();
         let (h, w, n) = geometry(case);
         let cfg: SchedulerConfig = serde_json::from_value(case["config"].clone()).unwrap();
-        let policy = SchedulePolicy::from_config(&cfg).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let policy = SchedulePolicy::from_config(&cfg)
+            .unwrap_or_else(|e| panic!("{name}: {e}"))
+            .with_compat(compat);
         let got = policy.sample_sigmas(h, w, n).unwrap();
         worst = worse(worst, check(name, &got, case));
+        assert_eq!(
+            got.sigmas.as_slice(),
+            f32s(&case["sigmas"]),
+            "{name}: not bit for bit"
+        );
 
         // mu and the packed token count are the pipeline's
         if let Some(mu) = case["mu"].as_f64() {
@@ -154,7 +162,10 @@ fn flowmatch_schedules_match_diffusers() {
         // the named preset is the checkpoint config
         if let Some(p) = case["preset"].as_str() {
             assert_eq!(
-                preset(p).sample_sigmas(h, w, n).unwrap(),
+                preset(p)
+                    .with_compat(compat)
+                    .sample_sigmas(h, w, n)
+                    .unwrap(),
                 got,
                 "{name}: preset {p} differs from its config"
             );
@@ -173,7 +184,40 @@ fn flowmatch_schedules_match_diffusers() {
         }
     }
     assert_eq!(cases.len(), 23);
-    println!("flowmatch: {} cases, max sigma diff {worst:e}", cases.len());
+    println!(
+        "flowmatch {file}: {} cases, max sigma diff {worst:e}",
+        cases.len()
+    );
+}
+
+#[test]
+fn flowmatch_schedules_match_diffusers_0_35_under_numpy_1() {
+    flowmatch_cases_match("flowmatch_schedules.json", Compat::Diffusers035Numpy1);
+}
+
+/// The default arithmetic is current diffusers under numpy 2, whose terminal stretch keeps its
+/// scale in `f32`: 4 of the 23 cases differ from numpy 1's by an ulp.
+#[test]
+fn flowmatch_schedules_match_current_diffusers_under_numpy_2() {
+    assert_eq!(SchedulePolicy::qwen_image().compat(), Compat::Current);
+    let fx = load("flowmatch_schedules_current.json");
+    assert_eq!(fx["meta"]["versions"]["diffusers"], "0.42.1");
+    assert!(
+        fx["meta"]["versions"]["numpy"]
+            .as_str()
+            .unwrap()
+            .starts_with("2.")
+    );
+    flowmatch_cases_match("flowmatch_schedules_current.json", Compat::Current);
+    let old = load("flowmatch_schedules.json");
+    let differ = fx["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(old["cases"].as_array().unwrap())
+        .filter(|(a, b)| a["sigmas"] != b["sigmas"])
+        .count();
+    assert_eq!(differ, 4, "the numpy 1 / numpy 2 difference");
 }
 
 #[test]
@@ -192,15 +236,17 @@ fn the_sd3_5_double_shift_bug_is_recorded_as_present() {
     assert_eq!(s.sigmas.as_slice()[9], 0.25);
 }
 
-#[test]
-fn unipc_flow_schedules_match_diffusers() {
-    let fx = load("unipc_flow_schedules.json");
+/// The UniPC flow-grid cases of `file` under `compat`.
+fn unipc_cases_match(file: &str, compat: Compat) {
+    let fx = load(file);
     let cases = fx["cases"].as_array().unwrap();
     for case in cases {
         let name = case["name"].as_str().unwrap();
         let (h, w, n) = geometry(case);
         let cfg: SchedulerConfig = serde_json::from_value(case["config"].clone()).unwrap();
-        let policy = SchedulePolicy::from_config(&cfg).unwrap();
+        let policy = SchedulePolicy::from_config(&cfg)
+            .unwrap()
+            .with_compat(compat);
         assert_eq!(policy.grid(), BaseGrid::UniPcFlow);
         let got = policy.sample_sigmas(h, w, n).unwrap();
         check(name, &got, case);
@@ -223,6 +269,26 @@ fn unipc_flow_schedules_match_diffusers() {
         }
     }
     assert_eq!(cases.len(), 3);
+}
+
+#[test]
+fn unipc_flow_schedules_match_diffusers_0_35() {
+    unipc_cases_match("unipc_flow_schedules.json", Compat::Diffusers035Numpy1);
+}
+
+/// diffusers 0.36+ builds another grid (`linspace(1, 1/T, N + 1)[:-1]`, its first value
+/// nudged below 1): the default.
+#[test]
+fn unipc_flow_schedules_match_current_diffusers() {
+    unipc_cases_match("unipc_flow_schedules_current.json", Compat::Current);
+    let (old, new) = (
+        load("unipc_flow_schedules.json"),
+        load("unipc_flow_schedules_current.json"),
+    );
+    assert_ne!(
+        old["cases"][0]["sigmas"], new["cases"][0]["sigmas"],
+        "the grids differ"
+    );
 }
 
 #[test]

@@ -261,8 +261,10 @@ impl<Bi: Backend> QwenImageWorld<Bi> {
             sampling.width,
             sampling.num_inference_steps,
         );
-        let configured = sampling.scheduler.policy()?.sample_sigmas(h, w, n)?;
-        let own = SchedulePolicy::load(index.scheduler_config())?.sample_sigmas(h, w, n)?;
+        let configured = sampling.schedule_policy()?.sample_sigmas(h, w, n)?;
+        let own = SchedulePolicy::load(index.scheduler_config())?
+            .with_compat(sampling.schedule_compat.compat())
+            .sample_sigmas(h, w, n)?;
         if configured.sigmas != own.sigmas {
             return Err(incompatible(
                 "sampling.scheduler",

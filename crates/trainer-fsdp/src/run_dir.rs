@@ -61,7 +61,10 @@ pub const FREE_TO_CHANGE: &[&str] = &[
 /// config that predates each one ran with. A stored config without the key is compared as if
 /// it had that value, so a resume of an older run is not refused for a key it could not have
 /// written (and a change away from that value is still a difference).
-pub const ADDED_KEYS: &[(&str, &str, &str)] = &[("algorithm", "anchor", "replay")];
+pub const ADDED_KEYS: &[(&str, &str, &str)] = &[
+    ("algorithm", "anchor", "replay"),
+    ("sampling", "schedule_compat", "diffusers_0_35"),
+];
 
 /// Who holds (or held) a run directory's lock.
 #[derive(Debug, Clone, PartialEq, Eq)]

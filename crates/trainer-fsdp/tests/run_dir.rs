@@ -290,6 +290,45 @@ fn a_resume_of_a_config_written_before_a_key_existed_compares_its_implied_value(
     );
 }
 
+/// A run directory from before `sampling.schedule_compat` ran with diffusers 0.35 / numpy 1
+/// arithmetic: resuming it with the current default is a change, with the old value it is not.
+#[test]
+fn a_resume_of_a_config_written_before_schedule_compat_compares_it_as_diffusers_0_35() {
+    let root = tempfile::tempdir().unwrap();
+    finished_run(root.path(), 2);
+    let resolved = run_dir(root.path()).join("config.resolved.toml");
+    let text = std::fs::read_to_string(&resolved).unwrap();
+    let older = text.replace("schedule_compat = \"current\"\n", "");
+    assert_ne!(
+        older, text,
+        "the resolved config names its schedule arithmetic"
+    );
+    std::fs::write(&resolved, older).unwrap();
+    let Err(err) = try_start(
+        root.path(),
+        4,
+        &["eval.interval=0", "checkpoint.resume=true"],
+    ) else {
+        panic!("a resume that changed the schedule arithmetic started");
+    };
+    assert!(
+        err.to_string()
+            .contains("sampling.schedule_compat: \"diffusers_0_35\" -> \"current\""),
+        "{err}"
+    );
+    let run = try_start(
+        root.path(),
+        4,
+        &[
+            "eval.interval=0",
+            "checkpoint.resume=true",
+            "sampling.schedule_compat=\"diffusers_0_35\"",
+        ],
+    )
+    .unwrap();
+    assert_eq!(run.next_rollout(), 2);
+}
+
 #[test]
 fn a_bad_metrics_line_is_reported_before_the_first_rollout() {
     let root = tempfile::tempdir().unwrap();

@@ -11,9 +11,10 @@
 //! [model]      trainable_mode ("full" | "lora"), master_dtype ("fp32" | "bf16", optional)
 //! [lora]       rank, alpha, dropout, target_modules (optional), use_rslora, init_from and
 //!              init_dropout (optional: start from an adapter file)   (optional section)
-//! [sampling]   scheduler, height, width, num_inference_steps, guidance_scale, eta, sde_type,
-//!              solver, storage_dtype, sde_resample_per_rollout, sde_pool, sde_indices,
-//!              num_sde_steps, sde_timestep_fraction (pool, indices and fraction optional)
+//! [sampling]   scheduler, schedule_compat ("current" | "diffusers_0_35", optional), height,
+//!              width, num_inference_steps, guidance_scale, eta, sde_type, solver,
+//!              storage_dtype, sde_resample_per_rollout, sde_pool, sde_indices, num_sde_steps,
+//!              sde_timestep_fraction (pool, indices and fraction optional)
 //! [rollout]    prompts_per_rollout, group_size, num_updates_per_batch, micro_batch_size,
 //!              shared_initial_noise
 //! [algorithm]  kind = "flow_grpo" | "awm", and the variant's keys — FlowGRPO: eps_clip,
@@ -275,6 +276,41 @@ impl SchedulerSource {
     }
 }
 
+/// `sampling.schedule_compat` (`schedule::Compat`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ScheduleCompat {
+    /// diffusers 0.36+ under numpy 2.
+    #[default]
+    #[serde(rename = "current")]
+    Current,
+    /// diffusers 0.35 under numpy 1.x.
+    #[serde(rename = "diffusers_0_35")]
+    Diffusers035,
+}
+
+impl ScheduleCompat {
+    /// The schedule crate's value.
+    pub fn compat(self) -> schedule::Compat {
+        match self {
+            ScheduleCompat::Current => schedule::Compat::Current,
+            ScheduleCompat::Diffusers035 => schedule::Compat::Diffusers035Numpy1,
+        }
+    }
+}
+
+impl SamplingSection {
+    /// The schedule policy of `scheduler` with the arithmetic of `schedule_compat`.
+    ///
+    /// # Errors
+    /// The schedule crate's error for an unreadable or invalid scheduler config.
+    pub fn schedule_policy(&self) -> Result<SchedulePolicy, ScheduleError> {
+        Ok(self
+            .scheduler
+            .policy()?
+            .with_compat(self.schedule_compat.compat()))
+    }
+}
+
 /// `[run]`: what is trained, and for how long.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -402,6 +438,12 @@ impl InitDropout {
 pub struct SamplingSection {
     /// The sigma schedule policy.
     pub scheduler: SchedulerSource,
+    /// Whose arithmetic the schedule reproduces where releases differ (`schedule::Compat`):
+    /// current diffusers under numpy 2 (the default), or diffusers 0.35 under numpy 1.x. A
+    /// config written before the key existed resumes as `"diffusers_0_35"`, the arithmetic it
+    /// ran with.
+    #[serde(default)]
+    pub schedule_compat: ScheduleCompat,
     /// Output height in pixels.
     pub height: u32,
     /// Output width in pixels.

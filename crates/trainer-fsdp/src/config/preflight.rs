@@ -66,8 +66,7 @@ impl TrainConfig {
         let sde = s.sde_type.sde_type();
         let mut schedule_and_plan = None;
         match s
-            .scheduler
-            .policy()
+            .schedule_policy()
             .and_then(|policy| policy.sample_sigmas(s.height, s.width, s.num_inference_steps))
         {
             Err(e) => p.push(PreflightProblem::Schedule { source: e }),

@@ -57,6 +57,7 @@ impl TrainConfig {
             }),
             sampling: SamplingSection {
                 scheduler: SchedulerSource::QwenImage,
+                schedule_compat: ScheduleCompat::Current,
                 height: 384,
                 width: 384,
                 num_inference_steps: 12,
