@@ -63,6 +63,13 @@ pub enum BaseGrid {
     UniPcFlow,
     /// DanceGRPO: `t = linspace(1, 0, N + 1)`, shifted (its last value is already 0).
     Dance,
+    /// diffusers' own `FlowMatchEulerDiscreteScheduler.set_timesteps(N)` without explicit
+    /// sigmas (SD3's pipeline and reference sampler take this path): the grid runs between the
+    /// end points the scheduler's constructor already shifted, `linspace(1, shift(1/T), N)`,
+    /// and is shifted again, so a static shift applies twice at the low end (diffusers
+    /// #13243), in `f64`, rounded to `f32` once. A named compatibility mode for trajectories
+    /// sampled that way; [`BaseGrid::FlowMatch`] shifts once, as the seed asks.
+    FlowMatchSchedulerDefault,
 }
 
 impl BaseGrid {
@@ -72,6 +79,7 @@ impl BaseGrid {
             BaseGrid::FlowMatch => "FlowMatch",
             BaseGrid::UniPcFlow => "UniPC flow",
             BaseGrid::Dance => "DanceGRPO",
+            BaseGrid::FlowMatchSchedulerDefault => "FlowMatch scheduler default",
         }
     }
 }
@@ -158,6 +166,45 @@ pub(crate) fn flow_match(
     }
     t.push(0.0);
     t
+}
+
+/// diffusers' `set_timesteps(N)` path without sigmas ([`BaseGrid::FlowMatchSchedulerDefault`]):
+/// the constructor's end points in `f32` torch arithmetic (`1/T` and `1`, shifted once when
+/// the shift is static), `linspace` between them in `f64`, the shift (and stretch) again in
+/// `f64`, rounded to `f32` once, `0` appended.
+pub(crate) fn flow_match_scheduler_default(
+    n: usize,
+    num_train_timesteps: u32,
+    shift: &ResolvedShift,
+    shift_terminal: Option<f64>,
+) -> Vec<f32> {
+    let t_count = f64::from(num_train_timesteps);
+    let first = 1.0f32 / num_train_timesteps as f32;
+    let (low, high) = match *shift {
+        ResolvedShift::Static(_) => (shift_f32(first, shift), shift_f32(1.0, shift)),
+        ResolvedShift::Dynamic { .. } => (first, 1.0f32),
+    };
+    let mut x: Vec<f64> = numpy_linspace(f64::from(high) * t_count, f64::from(low) * t_count, n)
+        .into_iter()
+        .map(|t| t / t_count)
+        .map(|x| match *shift {
+            ResolvedShift::Static(s) => s * x / (1.0 + (s - 1.0) * x),
+            ResolvedShift::Dynamic { mu, kind } => {
+                let c = match kind {
+                    TimeShift::Exponential => mu.exp(),
+                    TimeShift::Linear => mu,
+                };
+                c / (c + (1.0 / x - 1.0))
+            }
+        })
+        .collect();
+    if let Some(term) = shift_terminal {
+        let scale = (1.0 - x[n - 1]) / (1.0 - term);
+        x = x.iter().map(|v| 1.0 - (1.0 - v) / scale).collect();
+    }
+    let mut out: Vec<f32> = x.into_iter().map(|v| v as f32).collect();
+    out.push(0.0);
+    out
 }
 
 /// DanceGRPO's grid: `N + 1` values, the last one 0.

@@ -89,7 +89,12 @@ impl SchedulePolicy {
                 expected: "an integer >= 1",
             });
         }
-        if shift_terminal.is_some() && grid != BaseGrid::FlowMatch {
+        if shift_terminal.is_some()
+            && !matches!(
+                grid,
+                BaseGrid::FlowMatch | BaseGrid::FlowMatchSchedulerDefault
+            )
+        {
             problems.push(ConfigProblem::GridConflict {
                 grid: grid.name(),
                 setting: "shift_terminal",
@@ -496,6 +501,12 @@ impl SchedulePolicy {
                 grid::flow_match(steps, &resolved, self.shift_terminal, self.compat)
             }
             BaseGrid::Dance => grid::dance(steps, &resolved),
+            BaseGrid::FlowMatchSchedulerDefault => grid::flow_match_scheduler_default(
+                steps,
+                self.num_train_timesteps,
+                &resolved,
+                self.shift_terminal,
+            ),
             BaseGrid::UniPcFlow => {
                 grid::unipc_flow(steps, self.num_train_timesteps, &resolved, self.compat)
             }

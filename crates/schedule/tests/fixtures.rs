@@ -181,6 +181,18 @@ fn flowmatch_cases_match(file: &str, compat: Compat) {
                 d > 1e-3,
                 "{name}: matches the double-shifted default path (diff {d:e})"
             );
+            // ... which the named compatibility grid reproduces bit for bit
+            let compat = policy
+                .clone()
+                .with_grid(BaseGrid::FlowMatchSchedulerDefault)
+                .unwrap()
+                .sample_sigmas(h, w, n)
+                .unwrap();
+            assert_eq!(
+                compat.sigmas.as_slice(),
+                f32s(&default["sigmas"]),
+                "{name}: diffusers' default set_timesteps path"
+            );
         }
     }
     assert_eq!(cases.len(), 23);

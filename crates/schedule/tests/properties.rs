@@ -20,6 +20,13 @@ fn policy(which: usize, shift: f64, mu_lo: f64) -> SchedulePolicy {
         3 => SchedulePolicy::flux_2_klein(),
         4 => SchedulePolicy::dance_grpo(shift).unwrap(),
         5 => SchedulePolicy::new(BaseGrid::UniPcFlow, Shift::Static { shift }, None, 1000).unwrap(),
+        9 => SchedulePolicy::new(
+            BaseGrid::FlowMatchSchedulerDefault,
+            Shift::Static { shift },
+            None,
+            1000,
+        )
+        .unwrap(),
         6 => SchedulePolicy::new(
             BaseGrid::FlowMatch,
             Shift::Static { shift },
@@ -63,7 +70,7 @@ proptest! {
     /// with timesteps `1000 * sigma` in f32.
     #[test]
     fn sigmas_decrease_strictly_from_the_start_to_zero(
-        which in 0usize..9, shift in 0.5f64..8.0, mu_lo in 0.3f64..1.5,
+        which in 0usize..10, shift in 0.5f64..8.0, mu_lo in 0.3f64..1.5,
         h in 16u32..2048, w in 16u32..2048, steps in 2usize..80,
     ) {
         let p = policy(which, shift, mu_lo);
@@ -73,11 +80,14 @@ proptest! {
         prop_assert_eq!(v[steps].to_bits(), 0);
         prop_assert!(v.windows(2).all(|p| p[1] < p[0]));
         match p.grid() {
-            // UniPC's documented start: shift(1 - 1/T) < 1
+            // UniPC's documented start: current diffusers lowers shift(1) = 1 by 1e-6; 0.35
+            // started at shift(1 - 1/T) < 1
             BaseGrid::UniPcFlow => {
+                prop_assert_eq!(v[0], (1.0f64 - 1e-6) as f32);
+                let legacy = p.clone().with_compat(schedule::Compat::Diffusers035Numpy1);
                 let x = 1.0 - 1.0 / 1000.0;
                 let start = (shift * x / (1.0 + (shift - 1.0) * x)) as f32;
-                prop_assert_eq!(v[0], start);
+                prop_assert_eq!(legacy.sample_sigmas(h, w, steps).unwrap().sigmas.as_slice()[0], start);
             }
             // grids from t = 1: sigma = 1 up to the f32 rounding of a static shift
             _ => prop_assert!(v[0] >= schedule::SIGMA_ONE && v[0] <= 1.0, "start {}", v[0]),

@@ -249,6 +249,11 @@ pub enum SchedulerSource {
     /// `SchedulePolicy::sd3_5()`.
     #[serde(rename = "sd3_5")]
     Sd35,
+    /// SD3.5 on diffusers' own `set_timesteps(N)` path (`BaseGrid::FlowMatchSchedulerDefault`:
+    /// the static shift applied twice at the low end, diffusers #13243), the schedule of
+    /// rollouts sampled through the SD3 pipeline's default; `sd3_5` shifts once.
+    #[serde(rename = "sd3_5_diffusers_default")]
+    Sd35DiffusersDefault,
     /// `SchedulePolicy::flux_1()`.
     #[serde(rename = "flux_1")]
     Flux1,
@@ -269,6 +274,9 @@ impl SchedulerSource {
         Ok(match self {
             SchedulerSource::QwenImage => SchedulePolicy::qwen_image(),
             SchedulerSource::Sd35 => SchedulePolicy::sd3_5(),
+            SchedulerSource::Sd35DiffusersDefault => {
+                SchedulePolicy::sd3_5().with_grid(schedule::BaseGrid::FlowMatchSchedulerDefault)?
+            }
             SchedulerSource::Flux1 => SchedulePolicy::flux_1(),
             SchedulerSource::Flux2Klein => SchedulePolicy::flux_2_klein(),
             SchedulerSource::File(path) => SchedulePolicy::load(path)?,

@@ -582,3 +582,28 @@ fn an_awm_section_takes_its_defaults_and_names_every_bad_key() {
     let err = awm(&["algorithm.kl_coef=0.0"]).unwrap_err().to_string();
     assert!(err.contains("kl_coef"), "{err}");
 }
+
+/// `sampling.scheduler = "sd3_5_diffusers_default"` is SD3.5 on diffusers' own
+/// `set_timesteps(N)` path (the shift applied twice at the low end); `schedule_compat` picks
+/// the arithmetic, current diffusers under numpy 2 by default.
+#[test]
+fn the_schedule_sources_and_arithmetic_are_named_options() {
+    let schedule = |extra: &[&str]| {
+        let overrides = Override::parse_all(extra).unwrap();
+        let c = TrainConfig::from_recipe(RecipeName::QwenImageT2iLora, &overrides).unwrap();
+        c.preflight().unwrap().schedule
+    };
+    let once = schedule(&["sampling.scheduler=\"sd3_5\""]);
+    let twice = schedule(&["sampling.scheduler=\"sd3_5_diffusers_default\""]);
+    let last = |s: &Schedule| s.sigmas.as_slice()[s.sigmas.as_slice().len() - 2];
+    // shift 3 applied to 1/T twice: 3 s / (1 + 2 s) of s = 3 / 1002
+    let shifted = |s: f64| 3.0 * s / (1.0 + 2.0 * s);
+    assert!((f64::from(last(&twice)) - shifted(shifted(1e-3))).abs() < 1e-6);
+    assert!((f64::from(last(&once)) - shifted(1.0 / 12.0)).abs() < 1e-6);
+    let default = TrainConfig::from_recipe(RecipeName::QwenImageT2iLora, &[]).unwrap();
+    assert_eq!(default.sampling.schedule_compat, ScheduleCompat::Current);
+    // the recipe's 384x384, 12 steps: numpy 1 and numpy 2 differ in the stretched sigmas
+    let current = schedule(&[]);
+    let legacy = schedule(&["sampling.schedule_compat=\"diffusers_0_35\""]);
+    assert_ne!(current.sigmas, legacy.sigmas);
+}
