@@ -16,6 +16,10 @@ mod parity;
 mod dit;
 
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
+#[path = "../crates/qwen-image/tests/support/mod.rs"]
+mod qwen;
+
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
 fn sde_math_fixtures<B: burn::tensor::backend::Backend>(name: &str, dev: &B::Device) {
     let fixtures = parity::fixtures_dir(env!("CARGO_MANIFEST_DIR"));
     let a = parity::flow_grpo_sde_step::<B>(&fixtures, dev);
@@ -230,24 +234,9 @@ fn qwen_image_components<B: burn::tensor::backend::Backend>(
 ) {
     use burn::tensor::{Tensor, TensorData};
     use qwen_image::{PromptEncoder, QwenTokenizer, TextEncoder, TokenBatch, Vae};
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("fixtures")
-        .join("qwen_image");
+    let root = qwen::fixtures();
     let read = |file: &str| -> serde_json::Value {
         serde_json::from_str(&std::fs::read_to_string(root.join(file)).unwrap()).unwrap()
-    };
-    let rows = |v: &serde_json::Value| -> Vec<Vec<u32>> {
-        v.as_array()
-            .unwrap()
-            .iter()
-            .map(|r| {
-                r.as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|x| x.as_u64().unwrap() as u32)
-                    .collect()
-            })
-            .collect()
     };
     let tensor = |v: &serde_json::Value| -> Tensor<B, 4> {
         let (shape, data) = dit::values(v);
@@ -266,11 +255,8 @@ fn qwen_image_components<B: burn::tensor::backend::Backend>(
     let pipeline = root.join("tiny_pipeline");
     let (encoder, _) = TextEncoder::<B>::from_dir(pipeline.join("text_encoder"), dev).unwrap();
     let batch = TokenBatch {
-        ids: rows(&te["hidden"]["input_ids"]),
-        mask: rows(&te["hidden"]["attention_mask"])
-            .into_iter()
-            .map(|r| r.into_iter().map(|m| m as u8).collect())
-            .collect(),
+        ids: qwen::rows(&te["hidden"]["input_ids"]),
+        mask: qwen::rows(&te["hidden"]["attention_mask"]),
     };
     check(
         "text_encoder",
@@ -282,12 +268,7 @@ fn qwen_image_components<B: burn::tensor::backend::Backend>(
         encoder,
     );
     for case in te["encode_prompt"].as_array().unwrap() {
-        let texts: Vec<&str> = case["prompts"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|p| p.as_str().unwrap())
-            .collect();
+        let texts: Vec<&str> = qwen::strings(&case["prompts"]);
         let max = case["max_sequence_length"].as_u64().unwrap() as usize;
         let got = prompts.encode(&texts, max, dev).unwrap().embeds;
         check(&format!("encode_prompt_{max}"), got, &case["prompt_embeds"]);

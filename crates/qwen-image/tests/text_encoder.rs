@@ -16,7 +16,7 @@ use serde_json::Value;
 
 mod support;
 
-use support::{TOL, fixtures, max_abs_err_where, values};
+use support::{TOL, fixtures, max_abs_err_where, rows, strings, values};
 
 fn fixture() -> Value {
     support::fixture("text_encoder.json")
@@ -24,23 +24,6 @@ fn fixture() -> Value {
 
 fn pipeline() -> PathBuf {
     fixtures().join("tiny_pipeline")
-}
-
-fn rows<T: TryFrom<u64>>(v: &Value) -> Vec<Vec<T>>
-where
-    T::Error: std::fmt::Debug,
-{
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|r| {
-            r.as_array()
-                .unwrap()
-                .iter()
-                .map(|x| T::try_from(x.as_u64().unwrap()).unwrap())
-                .collect()
-        })
-        .collect()
 }
 
 fn check<B: Backend, const D: usize>(
@@ -90,12 +73,7 @@ fn both_tokenizer_forms_give_transformers_ids() {
             "left" => PaddingSide::Left,
             _ => PaddingSide::Right,
         };
-        let texts: Vec<&str> = batch["texts"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|t| t.as_str().unwrap())
-            .collect();
+        let texts: Vec<&str> = strings(&batch["texts"]);
         let max = batch["max_length"].as_u64().unwrap() as usize;
         let want = TokenBatch {
             ids: rows(&batch["input_ids"]),
@@ -184,12 +162,7 @@ fn encode_prompt_matches_diffusers() {
     );
     let encoder = PromptEncoder::new(tokenizer, text_encoder);
     for case in f["encode_prompt"].as_array().unwrap() {
-        let prompts: Vec<&str> = case["prompts"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|p| p.as_str().unwrap())
-            .collect();
+        let prompts: Vec<&str> = strings(&case["prompts"]);
         let max = case["max_sequence_length"].as_u64().unwrap() as usize;
         let templated: Vec<Vec<u32>> = rows(&case["templated_ids"]);
         for (p, want) in prompts.iter().zip(&templated) {

@@ -283,7 +283,7 @@ fn the_qwen_image_world_refuses_what_does_not_fit() {
 #[path = "../../qwen-image/tests/support/mod.rs"]
 mod support;
 
-use support::{max_abs_err, values, worse};
+use support::{max_abs_err, strings, values, worse};
 
 /// `QwenImagePipeline.__call__` on the tiny directory (`fixtures/qwen_image/pipeline.json`:
 /// two prompts of different lengths, 32x48 pixels, 3 Euler steps from given latents) through
@@ -352,12 +352,7 @@ fn a_three_step_pipeline_run_matches_diffusers() {
         &device,
     )
     .unwrap();
-    let prompts: Vec<&str> = case["prompts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| p.as_str().unwrap())
-        .collect();
+    let prompts: Vec<&str> = strings(&case["prompts"]);
     let cond = World::<B>::encode(&world, &prompts, &device).unwrap();
     assert!(
         cond.encoder_hidden_states_mask.is_some(),

@@ -48,6 +48,33 @@ pub fn values(v: &Value) -> (Vec<usize>, Vec<f32>) {
     (shape, data)
 }
 
+/// A fixture's list of lists of non-negative integers (token ids, masks).
+pub fn rows<T: TryFrom<u64>>(v: &Value) -> Vec<Vec<T>>
+where
+    T::Error: std::fmt::Debug,
+{
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            r.as_array()
+                .unwrap()
+                .iter()
+                .map(|x| T::try_from(x.as_u64().unwrap()).unwrap())
+                .collect()
+        })
+        .collect()
+}
+
+/// A fixture's list of strings (prompts).
+pub fn strings(v: &Value) -> Vec<&str> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p.as_str().unwrap())
+        .collect()
+}
+
 /// NaN-propagating maximum: a NaN makes every `err <= tol` after it fail (`f64::max` would
 /// drop it).
 pub fn worse(a: f64, b: f64) -> f64 {
