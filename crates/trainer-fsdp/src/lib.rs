@@ -54,6 +54,7 @@ mod error;
 pub mod export;
 pub mod lr;
 pub mod monitor;
+pub mod prompt_files;
 pub mod qwen_image_world;
 mod rng;
 pub mod rollout;
@@ -64,6 +65,7 @@ pub mod shapes_world;
 pub mod signal;
 pub mod sweep;
 pub mod train;
+pub mod transformer_policy;
 pub mod workers;
 pub mod world;
 

@@ -22,20 +22,21 @@ use std::path::{Path, PathBuf};
 
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Bool, Tensor, TensorData};
-use dit_models::{
-    ImageShape, LoadOptions, QwenImageConditioning, QwenImageConfig, QwenImageTransformer2DModel,
-    WeightDtype,
-};
+use dit_models::{ImageShape, QwenImageConditioning, QwenImageConfig, QwenImageTransformer2DModel};
 use qwen_image::{FrozenComponents, PipelineIndex};
-use reward::{Batch, Components, PickScore, RgbImage};
+use reward::{Components, PickScore, RgbImage};
 use schedule::SchedulePolicy;
-use trajectory::{Conditions, Digest};
+use trajectory::Conditions;
 
 use crate::config::{DataSection, SamplingSection, ScorerSpec, Trainable};
 use crate::error::TrainerError;
+use crate::prompt_files::{draw_distinct, read_t2i_records, train_pool};
 use crate::rng::TrainerRng;
 use crate::scorers::{ScorerSet, SharedScorer};
-use crate::shapes_world::{restore_text_conditioning, store_text_conditioning};
+use crate::transformer_policy::{
+    load_transformer_policy, restore_text_conditioning, score_images, store_text_conditioning,
+    transformer_checkpoint_files,
+};
 use crate::world::{HeldOutPrompt, LoadedPolicy, World};
 
 /// `QwenImagePipeline.__call__`'s default `max_sequence_length`: prompts are cut to this
@@ -51,144 +52,15 @@ pub const DEFAULT_CATEGORY: &str = "t2i";
 /// # Errors
 /// [`TrainerError::PromptFile`] listing every record that is not (or the file's read error).
 pub fn read_prompt_file(path: &Path) -> Result<Vec<(String, String)>, TrainerError> {
-    let bad = |problems: Vec<String>| TrainerError::PromptFile {
-        path: path.to_path_buf(),
-        problems,
-    };
-    let records = prompt_data::read_jsonl(path).map_err(|e| bad(vec![e.to_string()]))?;
-    let mut out = Vec::with_capacity(records.len());
-    let mut problems = Vec::new();
-    for (line, r) in records {
-        if r.metadata.task != "t2i" {
-            problems.push(format!(
-                "line {line}: task {:?}; the Qwen-Image world is text-to-image (t2i)",
-                r.metadata.task
-            ));
-            continue;
-        }
+    read_t2i_records(path, "Qwen-Image world", |r| {
         if r.prompt.trim().is_empty() {
-            problems.push(format!("line {line}: an empty prompt"));
-            continue;
+            return Err("an empty prompt".into());
         }
-        let category = match r.metadata.extra.get("category") {
+        Ok(match r.metadata.extra.get("category") {
             Some(serde_json::Value::String(c)) => c.clone(),
             _ => DEFAULT_CATEGORY.to_string(),
-        };
-        out.push((r.prompt, category));
-    }
-    if out.is_empty() && problems.is_empty() {
-        problems.push("no records".into());
-    }
-    if problems.is_empty() {
-        Ok(out)
-    } else {
-        Err(bad(problems))
-    }
-}
-
-/// `n` distinct prompts of `pool`, drawn from `rng` (a partial Fisher-Yates shuffle).
-///
-/// # Errors
-/// [`TrainerError::PromptPoolExhausted`] when `pool` has fewer than `n`.
-pub(crate) fn draw_distinct(
-    rng: &mut TrainerRng,
-    n: usize,
-    pool: &[String],
-) -> Result<Vec<String>, TrainerError> {
-    if n > pool.len() {
-        return Err(TrainerError::PromptPoolExhausted {
-            requested: n,
-            available: pool.len(),
-        });
-    }
-    let mut idx: Vec<usize> = (0..pool.len()).collect();
-    for i in 0..n {
-        let j = i + rng.below((pool.len() - i) as u64) as usize;
-        idx.swap(i, j);
-    }
-    Ok(idx[..n].iter().map(|&i| pool[i].clone()).collect())
-}
-
-/// Loads a Qwen-Image transformer directory as the policy `trainable` asks for: the base
-/// weights (their hash is the trajectories' weight hash), then a fresh LoRA adapter (its `A`
-/// drawn from burn's generator, seeded with `seed` first), an imported one, or none (full
-/// fine-tuning).
-///
-/// # Errors
-/// Loading and adapter errors; [`TrainerError::InitAdapterChanged`] when the imported adapter
-/// is not what preflight read.
-pub fn load_transformer_policy<B: AutodiffBackend>(
-    transformer_dir: &Path,
-    variant: Option<&str>,
-    trainable: &Trainable,
-    seed: u64,
-    device: &B::Device,
-) -> Result<LoadedPolicy<QwenImageTransformer2DModel<B>>, TrainerError> {
-    let options = LoadOptions {
-        dtype: WeightDtype::F32,
-        hash: true,
-        variant: variant.map(str::to_string),
-    };
-    let mut dit =
-        QwenImageTransformer2DModel::<B>::from_pretrained(transformer_dir, device, options)?;
-    let weight_hash = Digest::sha256(dit.base_model_hash().unwrap_or_default().as_bytes());
-    let mut contract = None;
-    match trainable {
-        Trainable::Lora(lora) => {
-            B::seed(device, seed);
-            dit = dit.attach_lora(lora)?;
-            contract = Some(dit.adapter_contract()?);
-        }
-        Trainable::LoraFrom(init) => {
-            let (model, import) = dit.load_adapter(&init.path, init.dropout, None)?;
-            if import.config != init.config {
-                return Err(TrainerError::InitAdapterChanged {
-                    path: init.path.clone(),
-                    found: import.describe(),
-                });
-            }
-            dit = model;
-            contract = Some(dit.adapter_contract()?);
-        }
-        Trainable::Full => {}
-    }
-    Ok(LoadedPolicy {
-        model: dit,
-        contract,
-        weight_hash,
+        })
     })
-}
-
-/// Scores decoded images with their prompts (no per-sample metadata).
-///
-/// # Errors
-/// Scorer errors.
-pub(crate) fn score_images(
-    scorer: &SharedScorer,
-    samples: &[RgbImage],
-    prompts: &[String],
-) -> Result<Vec<Components>, TrainerError> {
-    let meta: Vec<serde_json::Value> = vec![serde_json::Value::Null; prompts.len()];
-    Ok(scorer.score(Batch::new(Some(samples), Some(prompts), Some(&meta))?)?)
-}
-
-/// Under LoRA, the adapter as a PEFT adapter directory's two files against the base
-/// `transformer_dir` (so that a checkpoint directory loads with `PeftModel.from_pretrained`);
-/// nothing under full fine-tuning (the merged export writes the whole transformer).
-///
-/// # Errors
-/// Model errors.
-pub(crate) fn transformer_checkpoint_files<B: AutodiffBackend>(
-    policy: &QwenImageTransformer2DModel<B>,
-    transformer_dir: &Path,
-) -> Result<Vec<(&'static str, Vec<u8>)>, TrainerError> {
-    if policy.lora_config().is_none() {
-        return Ok(Vec::new());
-    }
-    let base = transformer_dir.display().to_string();
-    Ok(burn::module::AutodiffModule::valid(policy)
-        .peft_adapter_files(Some(&base))?
-        .into())
 }
 
 /// The Qwen-Image world (see the module docs).
@@ -330,21 +202,12 @@ impl<Bi: Backend> QwenImageWorld<Bi> {
             .into_iter()
             .map(|(prompt, category)| HeldOutPrompt { prompt, category })
             .collect();
-        let mut train_pool: Vec<String> = Vec::new();
-        let mut leaks = Vec::new();
-        for (p, _) in read_prompt_file(train_file)? {
-            if held_out.iter().any(|h| h.prompt == p) {
-                leaks.push(format!("{p:?} is also a held-out prompt (leakage)"));
-            } else if !train_pool.contains(&p) {
-                train_pool.push(p);
-            }
-        }
-        if !leaks.is_empty() {
-            return Err(TrainerError::PromptFile {
-                path: train_file.clone(),
-                problems: leaks,
-            });
-        }
+        let held_out_prompts: Vec<String> = held_out.iter().map(|h| h.prompt.clone()).collect();
+        let train_pool = train_pool(
+            train_file,
+            read_prompt_file(train_file)?.into_iter().map(|(p, _)| p),
+            &held_out_prompts,
+        )?;
         let scorer = Box::new(ScorerSet::from_specs::<Bi>(scorers, None, device)?);
         Ok(Self {
             dir: dir.to_path_buf(),

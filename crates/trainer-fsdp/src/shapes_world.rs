@@ -40,16 +40,17 @@ use dit_models::{
 };
 use reward::shapes::{Category, IMAGE_SIZE, SHAPES_COMPONENT, SceneSpec, ShapesScorer};
 use reward::{Components, RgbImage};
-use sde_math::StorageDtype;
-use trajectory::{Conditions, StoredTensor};
+use trajectory::Conditions;
 
 use crate::config::{DataSection, ScorerSpec, Trainable};
 use crate::error::{TrainerError, io_err};
-use crate::qwen_image_world::{
-    draw_distinct, load_transformer_policy, score_images, transformer_checkpoint_files,
-};
+use crate::prompt_files::{draw_distinct, read_t2i_records, train_pool};
 use crate::rng::TrainerRng;
 use crate::scorers::ScorerSet;
+use crate::transformer_policy::{
+    load_transformer_policy, score_images, transformer_checkpoint_files,
+};
+pub use crate::transformer_policy::{restore_text_conditioning, store_text_conditioning};
 use crate::world::{HeldOutPrompt, LoadedPolicy, World};
 
 /// Side of the latent token grid: `IMAGE_SIZE / 4` (space-to-depth 2, then 2x2 patches).
@@ -562,37 +563,16 @@ pub struct ShapesWorld<Bi: Backend> {
 /// # Errors
 /// [`TrainerError::PromptFile`] listing every line that is not (or the file's read error).
 pub fn read_prompt_file(path: &Path) -> Result<Vec<(String, Category)>, TrainerError> {
-    let bad = |problems: Vec<String>| TrainerError::PromptFile {
-        path: path.to_path_buf(),
-        problems,
-    };
-    let records = prompt_data::read_jsonl(path).map_err(|e| bad(vec![e.to_string()]))?;
-    let mut out = Vec::with_capacity(records.len());
-    let mut problems = Vec::new();
-    for (line, r) in records {
-        if r.metadata.task != "t2i" {
-            problems.push(format!(
-                "line {line}: task {:?}; the shapes world is text-to-image (t2i)",
-                r.metadata.task
-            ));
-            continue;
-        }
-        match SceneSpec::parse(&r.prompt) {
-            Ok(scene) => out.push((r.prompt, scene.category())),
-            Err(e) => problems.push(format!(
-                "line {line}: {:?} is not a scene of the shapes world's grammar ({e})",
-                r.prompt
-            )),
-        }
-    }
-    if out.is_empty() && problems.is_empty() {
-        problems.push("no records".into());
-    }
-    if problems.is_empty() {
-        Ok(out)
-    } else {
-        Err(bad(problems))
-    }
+    read_t2i_records(path, "shapes world", |r| {
+        SceneSpec::parse(&r.prompt)
+            .map(|scene| scene.category())
+            .map_err(|e| {
+                format!(
+                    "{:?} is not a scene of the shapes world's grammar ({e})",
+                    r.prompt
+                )
+            })
+    })
 }
 
 impl<Bi: Backend> std::fmt::Debug for ShapesWorld<Bi> {
@@ -681,22 +661,8 @@ impl<Bi: Backend> ShapesWorld<Bi> {
             self.held_out_prompts = prompts.into_iter().map(|(p, _)| p).collect();
         }
         if let Some(path) = &data.train {
-            let mut pool: Vec<String> = Vec::new();
-            let mut problems = Vec::new();
-            for (p, _) in read_prompt_file(path)? {
-                if self.held_out_prompts.contains(&p) {
-                    problems.push(format!("{p:?} is also a held-out prompt (leakage)"));
-                } else if !pool.contains(&p) {
-                    pool.push(p);
-                }
-            }
-            if !problems.is_empty() {
-                return Err(TrainerError::PromptFile {
-                    path: path.clone(),
-                    problems,
-                });
-            }
-            self.train_pool = Some(pool);
+            let prompts = read_prompt_file(path)?.into_iter().map(|(p, _)| p);
+            self.train_pool = Some(train_pool(path, prompts, &self.held_out_prompts)?);
         }
         Ok(self)
     }
@@ -824,77 +790,5 @@ impl<B: AutodiffBackend> World<B> for ShapesWorld<B::InnerBackend> {
             out,
             (x, sigma, &cond),
         )
-    }
-}
-
-/// The stored text conditioning of rows `rows`: the states at `f32` (exactly what the
-/// sampler fed the model) and the mask.
-///
-/// # Errors
-/// Non-finite states.
-pub fn store_text_conditioning<Bx: Backend>(
-    cond: &QwenImageConditioning<Bx>,
-    rows: &[usize],
-) -> Result<Vec<Conditions>, TrainerError> {
-    let states = cond
-        .encoder_hidden_states
-        .clone()
-        .into_data()
-        .convert::<f32>()
-        .into_vec::<f32>()
-        .expect("f32");
-    let [_, t, d] = cond.encoder_hidden_states.dims();
-    let mask: Vec<bool> = match &cond.encoder_hidden_states_mask {
-        // through int: GPU backends store bools as u8, the CPU backend natively
-        Some(m) => m
-            .clone()
-            .int()
-            .into_data()
-            .iter::<i64>()
-            .map(|v| v != 0)
-            .collect(),
-        None => Vec::new(),
-    };
-    rows.iter()
-        .map(|&r| {
-            Ok(Conditions {
-                text_embeddings: StoredTensor::from_f32(
-                    "conditions.text",
-                    &states[r * t * d..(r + 1) * t * d],
-                    vec![t, d],
-                    StorageDtype::F32,
-                )?,
-                text_mask: if mask.is_empty() {
-                    vec![true; t]
-                } else {
-                    mask[r * t..(r + 1) * t].to_vec()
-                },
-                extra: std::collections::BTreeMap::new(),
-            })
-        })
-        .collect()
-}
-
-/// The text conditioning of `rows` candidates sharing one stored condition, on any backend.
-pub fn restore_text_conditioning<Bx: Backend>(
-    stored: &Conditions,
-    rows: usize,
-    img_shapes: Vec<ImageShape>,
-    device: &Bx::Device,
-) -> QwenImageConditioning<Bx> {
-    let shape = stored.text_embeddings.shape().to_vec();
-    let values = stored.text_embeddings.to_f32();
-    let states =
-        Tensor::<Bx, 3>::from_data(TensorData::new(values, [1, shape[0], shape[1]]), device)
-            .repeat_dim(0, rows);
-    let mask = Tensor::<Bx, 2, Bool>::from_data(
-        TensorData::new(stored.text_mask.clone(), [1, shape[0]]),
-        device,
-    )
-    .repeat_dim(0, rows);
-    QwenImageConditioning {
-        encoder_hidden_states: states,
-        encoder_hidden_states_mask: Some(mask),
-        img_shapes,
     }
 }

@@ -225,26 +225,11 @@ impl TrainConfig {
                 p.extend(shapes_memory_problems(self, available));
             }
             // each prompt file read once: its problems, and the training pool's size
-            let mut train_pool = Some(crate::shapes_world::train_pool_size());
-            for (key, path) in [
-                ("data.train", &self.data.train),
-                ("data.eval", &self.data.eval),
-            ] {
-                let Some(path) = path else { continue };
-                match crate::shapes_world::read_prompt_file(path) {
-                    Ok(prompts) if key == "data.train" => train_pool = Some(prompts.len()),
-                    Ok(_) => {}
-                    Err(e) => {
-                        if key == "data.train" {
-                            train_pool = None;
-                        }
-                        p.push(PreflightProblem::Data {
-                            key,
-                            problem: e.to_string(),
-                        });
-                    }
-                }
-            }
+            let train_pool =
+                match read_data_files(&self.data, &mut p, crate::shapes_world::read_prompt_file) {
+                    None => Some(crate::shapes_world::train_pool_size()),
+                    Some(prompts) => prompts.map(|v| v.len()),
+                };
             let pool = train_pool;
             if let Some(pool) = pool
                 && self.rollout.prompts_per_rollout > pool
@@ -259,26 +244,15 @@ impl TrainConfig {
         }
         if let GeneratorSource::QwenImage { .. } = &self.model.generator {
             // each prompt file read once (the world refuses to load without both)
-            let mut train_pool = None;
-            for (key, path) in [
-                ("data.train", &self.data.train),
-                ("data.eval", &self.data.eval),
-            ] {
-                let Some(path) = path else { continue };
-                match crate::qwen_image_world::read_prompt_file(path) {
-                    Ok(prompts) if key == "data.train" => {
-                        let mut distinct: Vec<&String> = prompts.iter().map(|(p, _)| p).collect();
-                        distinct.sort();
-                        distinct.dedup();
-                        train_pool = Some(distinct.len());
-                    }
-                    Ok(_) => {}
-                    Err(e) => p.push(PreflightProblem::Data {
-                        key,
-                        problem: e.to_string(),
-                    }),
-                }
-            }
+            let read = crate::qwen_image_world::read_prompt_file;
+            let train_pool =
+                read_data_files(&self.data, &mut p, read)
+                    .flatten()
+                    .map(|mut prompts| {
+                        prompts.sort();
+                        prompts.dedup();
+                        prompts.len()
+                    });
             if let Some(pool) = train_pool
                 && self.rollout.prompts_per_rollout > pool
             {
@@ -1329,4 +1303,32 @@ impl fmt::Display for PreflightWarning {
             ),
         }
     }
+}
+
+/// Reads `[data] train` and `[data] eval` once each with the world's reader, adding each
+/// file's problem to `p`; the training file's prompts: `None` without a training file,
+/// `Some(None)` when it did not read.
+fn read_data_files<T>(
+    data: &DataSection,
+    p: &mut Vec<PreflightProblem>,
+    read: impl Fn(&Path) -> Result<Vec<(String, T)>, TrainerError>,
+) -> Option<Option<Vec<String>>> {
+    let mut train = None;
+    for (key, path) in [("data.train", &data.train), ("data.eval", &data.eval)] {
+        let Some(path) = path else { continue };
+        let prompts = match read(path) {
+            Ok(records) => Some(records.into_iter().map(|(prompt, _)| prompt).collect()),
+            Err(e) => {
+                p.push(PreflightProblem::Data {
+                    key,
+                    problem: e.to_string(),
+                });
+                None
+            }
+        };
+        if key == "data.train" {
+            train = Some(prompts);
+        }
+    }
+    train
 }
