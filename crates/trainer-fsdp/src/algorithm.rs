@@ -19,7 +19,7 @@ use flow_grpo::{
 use crate::config::AnchorSource;
 use crate::error::TrainerError;
 use crate::monitor::{Metrics, names};
-use crate::rollout::{replay, scoped_map};
+use crate::rollout::{ReferenceFn, replay, replay_terms, scoped_map};
 use crate::run::TrainContext;
 use crate::train::{MicroBatchLoss, UpdateReport, autodiff_replicas};
 use crate::world::World;
@@ -47,6 +47,21 @@ pub trait Algorithm<B: AutodiffBackend, W: World<B>>: Sync {
 
     /// What the rollout records.
     fn recording(&self) -> Recording;
+
+    /// What in the config asks for the reference policy ([`World::reference_velocity`]),
+    /// e.g. `"algorithm.kl_coef = 0.04"`; `None` (the default) when nothing does. A run whose
+    /// algorithm asks for it in a world whose policy has none refuses to start
+    /// ([`TrainerError::NoReference`]).
+    fn reference_keys(&self) -> Option<String> {
+        None
+    }
+
+    /// What in the config asks for the run's EMA copy of the policy
+    /// ([`TrainContext::ema`]), e.g. `"algorithm.ema_kl_coef = 1"`; `None` (the default) when
+    /// nothing does. A run without `[ema]` then refuses to start ([`TrainerError::NoEma`]).
+    fn ema_keys(&self) -> Option<String> {
+        None
+    }
 
     /// Called once per rollout, after scoring and before any optimizer step: freezes what the
     /// updates compare against, and returns metrics about it.
@@ -85,14 +100,20 @@ pub struct FlowGrpo {
     pub clip: ClipRange,
     /// Where pi_old comes from.
     pub anchor: AnchorSource,
+    /// The weight of the KL of every trained transition to the reference policy's
+    /// (flow_grpo's `kl_coef`, its closed form over the transition means; 0: no term, and no
+    /// reference forward).
+    pub kl_coef: f64,
 }
 
 impl FlowGrpo {
-    /// FlowGRPO with the clip range `clip` and the replayed anchor ([`AnchorSource::Replay`]).
+    /// FlowGRPO with the clip range `clip`, the replayed anchor ([`AnchorSource::Replay`]) and
+    /// no KL term.
     pub fn new(clip: ClipRange) -> Self {
         Self {
             clip,
             anchor: AnchorSource::Replay,
+            kl_coef: 0.0,
         }
     }
 
@@ -100,6 +121,44 @@ impl FlowGrpo {
     pub fn with_anchor(self, anchor: AnchorSource) -> Self {
         Self { anchor, ..self }
     }
+
+    /// The same objective with the KL to the reference policy weighted by `kl_coef`.
+    pub fn with_kl(self, kl_coef: f64) -> Self {
+        Self { kl_coef, ..self }
+    }
+}
+
+/// One micro-batch's diagnostics under a clipped-ratio objective (FlowGRPO, AWM): the ratio
+/// statistics, and the mean of each KL term the objective has.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PolicyDiagnostics {
+    /// The ratio statistics.
+    pub clip: ClipDiagnostics,
+    /// The mean KL to the reference policy over the micro-batch's elements (before its
+    /// coefficient), when the objective has that term.
+    pub kl_ref: Option<f64>,
+    /// The mean KL to the EMA copy of the policy, when the objective has that term.
+    pub kl_ema: Option<f64>,
+}
+
+impl PolicyDiagnostics {
+    /// Ratio statistics alone (no KL term).
+    pub fn clip_only(clip: ClipDiagnostics) -> Self {
+        Self {
+            clip,
+            kl_ref: None,
+            kl_ema: None,
+        }
+    }
+}
+
+/// The scalar value of a one-element tensor (a detached host read).
+pub(crate) fn scalar<Bx: burn::tensor::backend::Backend>(t: Tensor<Bx, 1>) -> f64 {
+    t.detach()
+        .into_data()
+        .convert::<f64>()
+        .to_vec::<f64>()
+        .map_or(f64::NAN, |v| v.first().copied().unwrap_or(f64::NAN))
 }
 
 /// The frozen anchor of a rollout: `log_probs(model, micro-batch)` (`[samples, steps]`) of
@@ -132,6 +191,38 @@ where
     Ok(recorder.freeze()?)
 }
 
+/// The log-probs `[samples, trained steps]` of rollout samples under the training policy, and
+/// with `with_kl` also each transition's KL to the reference policy's (`[samples, steps]`).
+fn replay_policy<B, W>(
+    ctx: &TrainContext<'_, B, W>,
+    policy: &W::Policy,
+    samples: Range<usize>,
+    with_kl: bool,
+) -> Result<(Tensor<B, 2>, Option<Tensor<B, 2>>), TrainerError>
+where
+    B: AutodiffBackend,
+    W: World<B>,
+{
+    let reference = |x: Tensor<B, 3>, sigma: Tensor<B, 1>, cond: &W::Cond<B>| {
+        ctx.world.reference_velocity(policy, x, sigma, cond)
+    };
+    let reference: Option<&ReferenceFn<'_, B, W::Cond<B>>> =
+        if with_kl { Some(&reference) } else { None };
+    replay_terms(
+        policy,
+        reference,
+        ctx.spec,
+        &ctx.batch.trajectories,
+        ctx.batch.group_size(),
+        samples,
+        |traj, rows| {
+            ctx.world
+                .restore_conditioning::<B>(&traj.conditions, rows, ctx.device)
+        },
+        ctx.device,
+    )
+}
+
 /// The log-probs `[samples, trained steps]` of rollout samples under a model on any backend.
 fn replay_samples<B, W, Bx, M>(
     ctx: &TrainContext<'_, B, W>,
@@ -160,7 +251,7 @@ where
 
 impl<B: AutodiffBackend, W: World<B>> Algorithm<B, W> for FlowGrpo {
     type Frozen = PolicyAnchor;
-    type Diagnostics = ClipDiagnostics;
+    type Diagnostics = PolicyDiagnostics;
 
     fn name(&self) -> &'static str {
         "FlowGRPO"
@@ -168,6 +259,10 @@ impl<B: AutodiffBackend, W: World<B>> Algorithm<B, W> for FlowGrpo {
 
     fn recording(&self) -> Recording {
         Recording::SdeTransitions
+    }
+
+    fn reference_keys(&self) -> Option<String> {
+        (self.kl_coef != 0.0).then(|| format!("algorithm.kl_coef = {}", self.kl_coef))
     }
 
     /// With [`AnchorSource::Replay`] the anchor is replayed through the same (autodiff) model
@@ -219,8 +314,8 @@ impl<B: AutodiffBackend, W: World<B>> Algorithm<B, W> for FlowGrpo {
         anchor: &PolicyAnchor,
         policy: &W::Policy,
         samples: Range<usize>,
-    ) -> Result<MicroBatchLoss<B, ClipDiagnostics>, TrainerError> {
-        let lp = replay_samples::<B, W, B, _>(ctx, policy, samples.clone())?;
+    ) -> Result<MicroBatchLoss<B, PolicyDiagnostics>, TrainerError> {
+        let (lp, kl) = replay_policy(ctx, policy, samples.clone(), self.kl_coef != 0.0)?;
         let idx: Vec<usize> = samples.clone().collect();
         let out = grpo_clip_loss(
             lp,
@@ -228,15 +323,23 @@ impl<B: AutodiffBackend, W: World<B>> Algorithm<B, W> for FlowGrpo {
             ctx.advantages.tensor::<B>(&idx, ctx.device),
             self.clip,
         )?;
+        let mut diagnostics = PolicyDiagnostics::clip_only(out.diagnostics);
+        let mut loss = out.loss;
+        if let Some(kl) = kl {
+            // the mean over (sample, step) elements, as the clipped term's
+            let kl = kl.mean();
+            diagnostics.kl_ref = Some(scalar(kl.clone()));
+            loss = loss + kl.mul_scalar(self.kl_coef);
+        }
         Ok(MicroBatchLoss {
-            loss: out.loss,
+            loss,
             elements: out.diagnostics.elements,
-            diagnostics: out.diagnostics,
+            diagnostics,
         })
     }
 
-    fn rollout_metrics(&self, updates: &[UpdateReport<ClipDiagnostics>]) -> Metrics {
-        let mut m = clip_metrics(updates);
+    fn rollout_metrics(&self, updates: &[UpdateReport<PolicyDiagnostics>]) -> Metrics {
+        let mut m = policy_metrics(updates);
         if self.anchor == AnchorSource::Rollout {
             // Before the first optimizer step the replay runs under the sampler's weights, so
             // the first update's ratios measure the parity of its samples.
@@ -245,6 +348,7 @@ impl<B: AutodiffBackend, W: World<B>> Algorithm<B, W> for FlowGrpo {
                 .find(|u| u.update_index == 0)
                 .map_or(f64::NAN, |u| {
                     u.micro_batches.iter().fold(0.0, |acc, d| {
+                        let d = &d.clip;
                         nan_max(acc, nan_max(d.ratio_min.ln().abs(), d.ratio_max.ln().abs()))
                     })
                 });
@@ -262,7 +366,39 @@ pub fn clip_metrics(updates: &[UpdateReport<ClipDiagnostics>]) -> Metrics {
         .iter()
         .flat_map(|u| u.micro_batches.iter().copied())
         .collect();
-    let t = RatioTally::over(&parts);
+    ratio_metrics(&parts)
+}
+
+/// [`clip_metrics`] of [`PolicyDiagnostics`], and `train/kl_ref` / `train/kl_ema` for the KL
+/// terms the objective has (their element-weighted means over every micro-batch).
+pub fn policy_metrics(updates: &[UpdateReport<PolicyDiagnostics>]) -> Metrics {
+    let all: Vec<PolicyDiagnostics> = updates
+        .iter()
+        .flat_map(|u| u.micro_batches.iter().copied())
+        .collect();
+    let parts: Vec<ClipDiagnostics> = all.iter().map(|d| d.clip).collect();
+    let mut m = ratio_metrics(&parts);
+    type Term = fn(&PolicyDiagnostics) -> Option<f64>;
+    let terms: [(&str, Term); 2] = [
+        (names::TRAIN_KL_REF, |d| d.kl_ref),
+        (names::TRAIN_KL_EMA, |d| d.kl_ema),
+    ];
+    for (name, term) in terms {
+        if all.iter().any(|d| term(d).is_some()) {
+            let (mut sum, mut n) = (0.0, 0.0);
+            for d in &all {
+                let e = d.clip.elements as f64;
+                sum += e * term(d).unwrap_or(f64::NAN);
+                n += e;
+            }
+            m.insert(name.into(), if n > 0.0 { sum / n } else { f64::NAN });
+        }
+    }
+    m
+}
+
+fn ratio_metrics(parts: &[ClipDiagnostics]) -> Metrics {
+    let t = RatioTally::over(parts);
     let mut m = Metrics::new();
     m.insert(names::TRAIN_RATIO_MEAN.into(), t.mean());
     m.insert(names::TRAIN_RATIO_STD.into(), t.std());

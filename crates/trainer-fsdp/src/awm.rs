@@ -9,21 +9,27 @@
 //! frozen policy (the same `σ` and `ε` for both) go into FlowGRPO's clipped objective with the
 //! advantages rescaled to `±1` ([`flow_grpo::awm_advantages`]).
 //!
-//! Not (yet) here: the release's velocity KL to the reference and to an EMA copy.
+//! The release's trust region is optional: `kl_coef` weighs the velocity KL to the reference
+//! policy, `mean((v_θ - v_ref)^2)` at the same inputs (the release's 0.001; the paper's
+//! velocity-space KL, where β 0.2 collapsed and 0.4 to 1.0 held), and `ema_kl_coef` the same
+//! against the run's EMA copy of the policy (`[ema]`; the release's 1.0 at decay
+//! `min(0.3, 0.001 · step)`), the term seed 004 names as the release's real trust region.
 
 use std::ops::Range;
 
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Tensor, TensorData};
 use flow_grpo::{
-    AwmWeighting, ClipDiagnostics, ClipRange, PolicyAnchor, awm_advantages, awm_log_likelihood,
-    grpo_clip_loss,
+    AwmWeighting, ClipRange, PolicyAnchor, awm_advantages, awm_log_likelihood, grpo_clip_loss,
 };
 use velocity_model::{Conditioning, VelocityModel};
 
-use crate::algorithm::{Algorithm, Recording, clip_metrics, record_anchor};
+use crate::algorithm::{
+    Algorithm, PolicyDiagnostics, Recording, policy_metrics, record_anchor, scalar,
+};
 use crate::error::TrainerError;
 use crate::monitor::Metrics;
+use crate::rollout::ReferenceFn;
 use crate::rollout::group_chunks;
 use crate::run::TrainContext;
 use crate::train::{MicroBatchLoss, UpdateReport};
@@ -38,16 +44,25 @@ pub struct Awm {
     pub weighting: AwmWeighting,
     /// The advantages are clipped to `±limit` and divided by it (5 in the release).
     pub advantage_limit: f64,
+    /// The weight of the velocity KL to the reference policy, `mean((v_θ - v_ref)^2)` (0: no
+    /// term and no reference forward; the release's 0.001).
+    pub kl_coef: f64,
+    /// The weight of the velocity KL to the EMA copy, `mean((v_θ - v_ema)^2)` (0: no term;
+    /// the release's 1.0). Needs the run's `[ema]`.
+    pub ema_kl_coef: f64,
 }
 
 /// The AWM surrogate log-likelihoods `[samples, trained steps]` of a range of a rollout's
 /// samples (group-major) under `model`: every (sample, step) row in one forward, step-major.
+/// For each of `others` (a reference policy's velocity at the same inputs), also each row's
+/// velocity KL to it, `mean((v - v_other)^2)` over the latent (`[samples, trained steps]`).
 fn awm_log_probs<B, W, Bx, M>(
     ctx: &TrainContext<'_, B, W>,
     model: &M,
+    others: &[&ReferenceFn<'_, Bx, W::Cond<Bx>>],
     samples: Range<usize>,
     weighting: AwmWeighting,
-) -> Result<Tensor<Bx, 2>, TrainerError>
+) -> Result<(Tensor<Bx, 2>, Vec<Tensor<Bx, 2>>), TrainerError>
 where
     B: AutodiffBackend,
     W: World<B>,
@@ -59,7 +74,11 @@ where
     let n = samples.len();
     let steps = batch.trained.len();
     if n == 0 || steps == 0 {
-        return Ok(Tensor::zeros([n, steps], ctx.device));
+        let kls = others
+            .iter()
+            .map(|_| Tensor::zeros([n, steps], ctx.device))
+            .collect();
+        return Ok((Tensor::zeros([n, steps], ctx.device), kls));
     }
     let chunks = group_chunks(samples.clone(), g);
     let first = &batch.trajectories[chunks[0].0];
@@ -122,15 +141,23 @@ where
     }
     let x = Tensor::<Bx, 3>::from_data(TensorData::new(x_sigma, [rows, t, c]), ctx.device);
     let sigma = Tensor::<Bx, 1>::from_data(TensorData::new(sigma_rows, [rows]), ctx.device);
-    let v = model.velocity(x, sigma.clone(), &cond).reshape([rows, per]);
+    let v = model.velocity(x.clone(), sigma.clone(), &cond);
+    let mut kls = Vec::with_capacity(others.len());
+    for f in others {
+        let v_other = f(x.clone(), sigma.clone(), &cond)?.detach();
+        let d = (v.clone() - v_other).reshape([rows, per]);
+        let per_row = (d.clone() * d).mean_dim(1).reshape([steps, n]);
+        kls.push(per_row.swap_dims(0, 1));
+    }
+    let v = v.reshape([rows, per]);
     let target = Tensor::<Bx, 2>::from_data(TensorData::new(target, [rows, per]), ctx.device);
     let lp = awm_log_likelihood(v, target, sigma, weighting)?;
-    Ok(lp.reshape([steps, n]).swap_dims(0, 1))
+    Ok((lp.reshape([steps, n]).swap_dims(0, 1), kls))
 }
 
 impl<B: AutodiffBackend, W: World<B>> Algorithm<B, W> for Awm {
     type Frozen = PolicyAnchor;
-    type Diagnostics = ClipDiagnostics;
+    type Diagnostics = PolicyDiagnostics;
 
     fn name(&self) -> &'static str {
         "AWM"
@@ -138,6 +165,14 @@ impl<B: AutodiffBackend, W: World<B>> Algorithm<B, W> for Awm {
 
     fn recording(&self) -> Recording {
         Recording::SdeTransitionsAndEndpoints
+    }
+
+    fn reference_keys(&self) -> Option<String> {
+        (self.kl_coef != 0.0).then(|| format!("algorithm.kl_coef = {}", self.kl_coef))
+    }
+
+    fn ema_keys(&self) -> Option<String> {
+        (self.ema_kl_coef != 0.0).then(|| format!("algorithm.ema_kl_coef = {}", self.ema_kl_coef))
     }
 
     /// The frozen policy's surrogate log-likelihoods, through the same (autodiff) model and
@@ -148,7 +183,7 @@ impl<B: AutodiffBackend, W: World<B>> Algorithm<B, W> for Awm {
         policy: &W::Policy,
     ) -> Result<(PolicyAnchor, Metrics), TrainerError> {
         let anchor = record_anchor(ctx, policy, |model, mb| {
-            awm_log_probs::<B, W, B, _>(ctx, model, mb, self.weighting)
+            awm_log_probs::<B, W, B, _>(ctx, model, &[], mb, self.weighting).map(|(lp, _)| lp)
         })?;
         Ok((anchor, Metrics::new()))
     }
@@ -159,8 +194,25 @@ impl<B: AutodiffBackend, W: World<B>> Algorithm<B, W> for Awm {
         anchor: &PolicyAnchor,
         policy: &W::Policy,
         samples: Range<usize>,
-    ) -> Result<MicroBatchLoss<B, ClipDiagnostics>, TrainerError> {
-        let lp = awm_log_probs::<B, W, B, _>(ctx, policy, samples.clone(), self.weighting)?;
+    ) -> Result<MicroBatchLoss<B, PolicyDiagnostics>, TrainerError> {
+        let reference = |x: Tensor<B, 3>, sigma: Tensor<B, 1>, cond: &W::Cond<B>| {
+            ctx.world.reference_velocity(policy, x, sigma, cond)
+        };
+        let ema = |x: Tensor<B, 3>, sigma: Tensor<B, 1>, cond: &W::Cond<B>| match ctx.ema {
+            Some(ema) => Ok(ema.velocity(x, sigma, cond).detach()),
+            None => Err(TrainerError::NoEma {
+                keys: format!("algorithm.ema_kl_coef = {}", self.ema_kl_coef),
+            }),
+        };
+        let mut others: Vec<&ReferenceFn<'_, B, W::Cond<B>>> = Vec::new();
+        if self.kl_coef != 0.0 {
+            others.push(&reference);
+        }
+        if self.ema_kl_coef != 0.0 {
+            others.push(&ema);
+        }
+        let (lp, mut kls) =
+            awm_log_probs::<B, W, B, _>(ctx, policy, &others, samples.clone(), self.weighting)?;
         let raw: Vec<f64> = samples.clone().map(|i| ctx.advantages.values[i]).collect();
         let adv = awm_advantages(&raw, self.advantage_limit)?;
         let n = adv.len();
@@ -170,14 +222,29 @@ impl<B: AutodiffBackend, W: World<B>> Algorithm<B, W> for Awm {
             Tensor::from_data(TensorData::new(adv, [n]), ctx.device),
             self.clip,
         )?;
+        let mut diagnostics = PolicyDiagnostics::clip_only(out.diagnostics);
+        let mut loss = out.loss;
+        // in the order pushed above: the reference's, then the EMA's
+        let ema_kl = (self.ema_kl_coef != 0.0).then(|| kls.pop()).flatten();
+        let ref_kl = (self.kl_coef != 0.0).then(|| kls.pop()).flatten();
+        if let Some(kl) = ref_kl {
+            let kl = kl.mean();
+            diagnostics.kl_ref = Some(scalar(kl.clone()));
+            loss = loss + kl.mul_scalar(self.kl_coef);
+        }
+        if let Some(kl) = ema_kl {
+            let kl = kl.mean();
+            diagnostics.kl_ema = Some(scalar(kl.clone()));
+            loss = loss + kl.mul_scalar(self.ema_kl_coef);
+        }
         Ok(MicroBatchLoss {
-            loss: out.loss,
+            loss,
             elements: out.diagnostics.elements,
-            diagnostics: out.diagnostics,
+            diagnostics,
         })
     }
 
-    fn rollout_metrics(&self, updates: &[UpdateReport<ClipDiagnostics>]) -> Metrics {
-        clip_metrics(updates)
+    fn rollout_metrics(&self, updates: &[UpdateReport<PolicyDiagnostics>]) -> Metrics {
+        policy_metrics(updates)
     }
 }

@@ -5,6 +5,7 @@
 //! ├── model.mpk                 trainable parameters only (the adapter under LoRA), by module path
 //! ├── adapter_model.safetensors the same, readable without burn, where the world writes it
 //! ├── adapter_config.json         (the shapes world under LoRA: a PEFT adapter directory)
+//! ├── ema.mpk                   with [ema]: the EMA copy's trainable parameters, as model.mpk
 //! ├── optimizer.mpk             the optimizer's record (AdamW moments and step counts)
 //! ├── rng_rank0.json            the trainer's random stream
 //! ├── adapter_contract.json     LoRA only: rank, alpha, dropout, targets, rsLoRA, base hash
@@ -54,6 +55,8 @@ use crate::rng::TrainerRng;
 
 /// The trainable weights.
 pub const WEIGHTS_FILE: &str = "model.mpk";
+/// The EMA copy of the trainable weights (with `[ema]`).
+pub const EMA_FILE: &str = "ema.mpk";
 /// The optimizer state.
 pub const OPTIMIZER_FILE: &str = "optimizer.mpk";
 /// The trainer's random stream (rank 0).
@@ -489,6 +492,31 @@ impl CheckpointStore {
         M: AutodiffModule<B>,
         O: Optimizer<M, B>,
     {
+        self.save_all(model, None, optimizer, state, rng, contract, readable)
+    }
+
+    /// [`CheckpointStore::save_with`], and with `ema` the EMA copy's trainable weights in
+    /// [`EMA_FILE`] (the same format as the model's, written right after them), for
+    /// [`CheckpointStore::load_ema`].
+    ///
+    /// # Errors
+    /// As [`CheckpointStore::save_with`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn save_all<B, M, O>(
+        &self,
+        model: &M,
+        ema: Option<&M>,
+        optimizer: &O,
+        state: &TrainerState,
+        rng: &TrainerRng,
+        contract: Option<&AdapterContract>,
+        readable: &[(&str, Vec<u8>)],
+    ) -> Result<SavedCheckpoint, TrainerError>
+    where
+        B: AutodiffBackend,
+        M: AutodiffModule<B>,
+        O: Optimizer<M, B>,
+    {
         let iteration = state.rollout_id;
         let dir = self.iteration_dir(iteration);
         if state.task != self.task {
@@ -514,6 +542,7 @@ impl CheckpointStore {
         }
         let reserved = [
             WEIGHTS_FILE,
+            EMA_FILE,
             OPTIMIZER_FILE,
             RNG_FILE,
             CONTRACT_FILE,
@@ -534,6 +563,10 @@ impl CheckpointStore {
         }
         // encode before touching the disk: a failure here leaves every checkpoint as it was
         let weights = encode_weights::<B, M>(model, &dir)?;
+        let ema_weights = match ema {
+            Some(ema) => Some(encode_weights::<B, M>(ema, &dir)?),
+            None => None,
+        };
         let float = record_float::<B>();
         let optim = encode_optimizer::<B, M, O>(optimizer, float, &dir)?;
         let json = |value: &dyn erased::Json, what: &'static str| {
@@ -559,6 +592,9 @@ impl CheckpointStore {
 
         let mut files = Vec::new();
         self.write_file(&dir, WEIGHTS_FILE, &weights, &mut files)?;
+        if let Some(bytes) = &ema_weights {
+            self.write_file(&dir, EMA_FILE, bytes, &mut files)?;
+        }
         for (name, bytes) in readable {
             self.write_file(&dir, name, bytes, &mut files)?;
         }
@@ -827,6 +863,29 @@ impl CheckpointStore {
         let model =
             decode_weights::<B, M>(model, &contents[WEIGHTS_FILE], &ckpt.dir.join(WEIGHTS_FILE))?;
         Ok((model, state))
+    }
+
+    /// The EMA copy's trainable weights ([`EMA_FILE`]) of a committed checkpoint loaded into
+    /// `model` (a clone of the policy), every file's hash verified.
+    ///
+    /// # Errors
+    /// [`TrainerError::Checkpoint`] with [`CheckpointProblem::MissingFile`] when the checkpoint
+    /// has no EMA (it was written without `[ema]`); as [`CheckpointStore::load_weights`].
+    pub fn load_ema<B: Backend, M: Module<B>>(
+        &self,
+        ckpt: &CommittedCheckpoint,
+        model: M,
+    ) -> Result<M, TrainerError> {
+        let (_, contents) = self.read_verified(ckpt)?;
+        let bytes = contents
+            .get(EMA_FILE)
+            .ok_or_else(|| TrainerError::Checkpoint {
+                dir: ckpt.dir.clone(),
+                problem: CheckpointProblem::MissingFile {
+                    name: EMA_FILE.into(),
+                },
+            })?;
+        decode_weights::<B, M>(model, bytes, &ckpt.dir.join(EMA_FILE))
     }
 
     /// [`CheckpointStore::load`] of the latest committed checkpoint, or

@@ -131,19 +131,30 @@ fn with_algorithm<B: AutodiffBackend, W: World<B>, J: Job<B>>(
     job: J,
 ) -> Result<J::Output, TrainerError> {
     match &pre.algorithm {
-        AlgorithmPlan::FlowGrpo { clip_range, anchor } => {
-            job.run(world, FlowGrpo::new(*clip_range).with_anchor(*anchor))
-        }
+        AlgorithmPlan::FlowGrpo {
+            clip_range,
+            anchor,
+            kl_coef,
+        } => job.run(
+            world,
+            FlowGrpo::new(*clip_range)
+                .with_anchor(*anchor)
+                .with_kl(*kl_coef),
+        ),
         AlgorithmPlan::Awm {
             clip_range,
             weighting,
             advantage_limit,
+            kl_coef,
+            ema_kl_coef,
         } => job.run(
             world,
             Awm {
                 clip: *clip_range,
                 weighting: *weighting,
                 advantage_limit: *advantage_limit,
+                kl_coef: *kl_coef,
+                ema_kl_coef: *ema_kl_coef,
             },
         ),
     }

@@ -252,6 +252,27 @@ pub enum TrainerError {
         components: Vec<String>,
     },
 
+    /// The algorithm has a term against the reference policy, and the world's policy has
+    /// none (full fine-tuning of a model whose pretrained weights are not kept).
+    #[error(
+        "{keys} measures drift from the reference policy, and the {world}'s policy has none \
+         (the reference is the pretrained model: the policy with its LoRA adapters off, so it needs \
+         model.trainable_mode = \"lora\"); set it to 0 or train a LoRA adapter"
+    )]
+    NoReference {
+        /// The world.
+        world: String,
+        /// What asks for the reference (the config keys and their values).
+        keys: String,
+    },
+
+    /// The algorithm has a term against the EMA copy of the policy, and the run keeps none.
+    #[error("{keys} measures the policy against its EMA copy, and the run has no [ema] section")]
+    NoEma {
+        /// What asks for the EMA (the config keys and their values).
+        keys: String,
+    },
+
     /// A world was asked to score with no scorer.
     #[error("reward.scorers is empty: a sample scored by nothing would train on 0")]
     NoScorer,

@@ -4,7 +4,8 @@
 //! checkpoint's own `iter_*` directory, rebuilds the run's policy from its
 //! `config.resolved.toml` (the world's base model, the adapter the config names), loads the
 //! checkpoint's trainable weights into it ([`CheckpointStore::load_weights`]: every file's hash
-//! verified, nothing written) and hands it to the world ([`World::export_policy`]), which writes
+//! verified, nothing written; a run with `[ema]` exports its EMA copy,
+//! [`CheckpointStore::load_ema`]) and hands it to the world ([`World::export_policy`]), which writes
 //! one of the [`ExportForm`]s:
 //!
 //! * [`ExportForm::Peft`]: a PEFT adapter directory (`adapter_config.json`,
@@ -404,6 +405,12 @@ impl<B: AutodiffBackend> WorldJob<B> for ExportJob<'_, B> {
             loaded.model,
             loaded.contract.as_ref(),
         )?;
+        // a run with [ema] hands out its EMA copy (the weights its evaluations sampled with)
+        let policy = if self.cfg.ema.is_some() {
+            self.store.load_ema::<B, _>(self.checkpoint, policy)?
+        } else {
+            policy
+        };
         world.export_policy(&policy, self.request, self.staging)
     }
 }

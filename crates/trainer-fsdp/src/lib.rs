@@ -50,6 +50,7 @@ pub mod checkpoint;
 pub mod clip;
 pub mod config;
 pub mod dispatch;
+pub mod ema;
 mod error;
 pub mod export;
 pub mod lr;

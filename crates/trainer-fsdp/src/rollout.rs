@@ -273,13 +273,57 @@ where
     M::Conditioning: Conditioning,
     R: Fn(&Trajectory, usize) -> Result<M::Conditioning, TrainerError>,
 {
+    let no_reference: Option<&ReferenceFn<'_, Bx, M::Conditioning>> = None;
+    let (log_probs, _) = replay_terms(
+        model,
+        no_reference,
+        spec,
+        trajectories,
+        group_size,
+        samples,
+        restore,
+        device,
+    )?;
+    Ok(log_probs)
+}
+
+/// The reference policy's velocity at the replay's inputs `(x, sigma, conditioning)`, detached
+/// (the world's [`World::reference_velocity`](crate::world::World::reference_velocity)).
+pub type ReferenceFn<'a, Bx, C> =
+    dyn Fn(Tensor<Bx, 3>, Tensor<Bx, 1>, &C) -> Result<Tensor<Bx, 3>, TrainerError> + Sync + 'a;
+
+/// [`replay`], and with a `reference` also flow_grpo's KL of every replayed transition to the
+/// reference policy's transition at the same stored step, `[samples, trained steps]`
+/// ([`flow_grpo::KlForm::FlowGrpoReference`]: `mean((mu - mu_ref)^2) / (2 std_dev_t^2)`, the
+/// released `kl_coef` scale), differentiable through the policy's mean.
+///
+/// # Errors
+/// As [`replay`]; the reference's own errors; KL shape errors.
+#[allow(clippy::too_many_arguments)]
+pub fn replay_terms<Bx, M, R>(
+    model: &M,
+    reference: Option<&ReferenceFn<'_, Bx, M::Conditioning>>,
+    spec: &SamplerSpec,
+    trajectories: &[Trajectory],
+    group_size: usize,
+    samples: Range<usize>,
+    restore: R,
+    device: &Bx::Device,
+) -> Result<(Tensor<Bx, 2>, Option<Tensor<Bx, 2>>), TrainerError>
+where
+    Bx: Backend,
+    M: VelocityModel<Bx>,
+    M::Conditioning: Conditioning,
+    R: Fn(&Trajectory, usize) -> Result<M::Conditioning, TrainerError>,
+{
     let chunks = group_chunks(samples.clone(), group_size);
     let n = samples.len();
     let steps = trajectories
         .first()
         .map_or(0, |t| t.common.sde_indices.len());
     if n == 0 || steps == 0 {
-        return Ok(Tensor::zeros([n, steps], device));
+        let kl = reference.map(|_| Tensor::zeros([n, steps], device));
+        return Ok((Tensor::zeros([n, steps], device), kl));
     }
     let conds = chunks
         .iter()
@@ -317,18 +361,34 @@ where
     let sigma = Tensor::<Bx, 1>::from_data(TensorData::new(sigma_rows, [n * steps]), device);
     let x = Tensor::cat(xs, 0);
     let prev = Tensor::cat(prevs, 0);
-    let v = model.velocity(x.clone(), sigma, &cond);
+    let v = model.velocity(x.clone(), sigma.clone(), &cond);
+    let v_ref = match reference {
+        Some(f) => Some(f(x.clone(), sigma, &cond)?.detach()),
+        None => None,
+    };
     let mut cols = Vec::with_capacity(steps);
+    let mut kl_cols = Vec::with_capacity(steps);
     for (s, sg) in step_sigmas.into_iter().enumerate() {
+        let at = sg.into();
+        let rows = |t: &Tensor<Bx, 3>| t.clone().narrow(0, s * n, n);
         // the stored latents are exact storage-precision values: no second round trip
-        let out = spec.kernel.replay(
-            &sg.into(),
-            v.clone().narrow(0, s * n, n),
-            x.clone().narrow(0, s * n, n),
-            prev.clone().narrow(0, s * n, n),
-            StorageDtype::Native,
-        )?;
+        let out = spec
+            .kernel
+            .replay(&at, rows(&v), rows(&x), rows(&prev), StorageDtype::Native)?;
+        if let Some(v_ref) = &v_ref {
+            let out_ref = spec.kernel.replay(
+                &at,
+                rows(v_ref),
+                rows(&x),
+                rows(&prev),
+                StorageDtype::Native,
+            )?;
+            let kl =
+                flow_grpo::kl_to_reference(&out, &out_ref, flow_grpo::KlForm::FlowGrpoReference)?;
+            kl_cols.push(kl.per_sample.unsqueeze_dim(1));
+        }
         cols.push(out.log_prob.unsqueeze_dim(1));
     }
-    Ok(Tensor::cat(cols, 1))
+    let kl = v_ref.map(|_| Tensor::cat(kl_cols, 1));
+    Ok((Tensor::cat(cols, 1), kl))
 }

@@ -55,6 +55,7 @@ use trajectory::{
 use crate::algorithm::{Algorithm, Recording};
 use crate::checkpoint::{CheckpointStore, TrainerState};
 use crate::config::{CheckpointFailurePolicy, Preflight, TrainConfig};
+use crate::ema::Ema;
 use crate::error::{CheckpointProblem, DrawingProblem, TrainerError, io_err};
 use crate::monitor::{
     Metrics, Monitor, Progress, names, sample_grid, upscale, write_png, write_reward_curve,
@@ -217,6 +218,9 @@ pub struct TrainContext<'a, B: AutodiffBackend, W: World<B>> {
     pub device: &'a B::Device,
     /// Host threads available.
     pub threads: usize,
+    /// The EMA copy of the policy, when the run keeps one (`[ema]`), as of the start of the
+    /// rollout's updates.
+    pub ema: Option<&'a W::Policy>,
 }
 
 type Optim<B, M> = PolicyOptimizer<B, M, AdamWOptimizer<B, M>>;
@@ -236,6 +240,8 @@ where
     algorithm: A,
     workers: K,
     model: Option<W::Policy>,
+    /// The EMA copy of the policy (`[ema]`).
+    ema: Option<Ema<W::Policy>>,
     optimizer: Optim<B, W::Policy>,
     contract: Option<AdapterContract>,
     spec: SamplerSpec,
@@ -306,6 +312,19 @@ where
             println!("resuming with an allowed config change: {c}");
         }
         let loaded = world.load_policy(&pre.trainable, cfg.run.seed, &device)?;
+        if let Some(keys) = algorithm.reference_keys()
+            && !world.has_reference(&loaded.model)
+        {
+            return Err(TrainerError::NoReference {
+                world: world.name(),
+                keys,
+            });
+        }
+        if let Some(keys) = algorithm.ema_keys()
+            && pre.ema.is_none()
+        {
+            return Err(TrainerError::NoEma { keys });
+        }
         let mut model = loaded.model;
         let contract = loaded.contract;
         let mut optimizer = Optim::<B, W::Policy>::adamw(
@@ -318,6 +337,7 @@ where
         let mut next_rollout = 0;
         let mut cursor = None;
         let mut checkpoint_failures = 0;
+        let mut ema = pre.ema.map(|settings| Ema::new(model.clone(), settings));
         match prepared.start {
             StartFrom::Scratch => {
                 if cfg.checkpoint.resume {
@@ -342,14 +362,25 @@ where
                         &device,
                     )
                     .and_then(|r| {
-                        check_readable_copy(&world, &r.model, &checkpoint.dir)?;
-                        Ok(r)
+                        let restored_ema = match ema.take() {
+                            Some(e) => Some(Ema::new(
+                                store.load_ema::<B, _>(&checkpoint, r.model.clone())?,
+                                e.settings,
+                            )),
+                            None => None,
+                        };
+                        // the readable copy holds what the run hands out: the EMA if any
+                        let handed_out = restored_ema.as_ref().map_or(&r.model, |e| &e.model);
+                        check_readable_copy(&world, handed_out, &checkpoint.dir)?;
+                        Ok((r, restored_ema))
                     })
                     .map_err(|cause| TrainerError::ResumeFailed {
                         dir: checkpoint.dir.clone(),
                         older,
                         cause: Box::new(cause),
                     })?;
+                let (r, restored_ema) = r;
+                ema = restored_ema;
                 Monitor::check_resume(
                     run_dir,
                     r.state.metrics_cursor,
@@ -397,6 +428,7 @@ where
             algorithm,
             workers,
             model: Some(model),
+            ema,
             optimizer,
             contract,
             spec,
@@ -425,6 +457,17 @@ where
         self.model
             .as_ref()
             .expect("the model is only taken during an update")
+    }
+
+    /// The EMA copy of the policy, when the run keeps one (`[ema]`).
+    pub fn ema_model(&self) -> Option<&W::Policy> {
+        self.ema.as_ref().map(|e| &e.model)
+    }
+
+    /// The policy the run hands out: what evaluations sample with, and checkpoints' readable
+    /// files and exports hold — the EMA copy under `[ema]`, else the policy.
+    pub fn handed_out(&self) -> &W::Policy {
+        self.ema_model().unwrap_or_else(|| self.model())
     }
 
     /// The world.
@@ -683,6 +726,7 @@ where
             workers,
             optimizer,
             model,
+            ema,
             device,
             stop,
             ..
@@ -690,6 +734,8 @@ where
         if stop.is_set() {
             return Err(TrainerError::Stopped);
         }
+        // the algorithm compares against the EMA as it stood before this rollout's updates
+        let ema_at_start = ema.as_ref().map(|e| e.model.clone());
         let ctx = TrainContext {
             world: &*world,
             spec: &*spec,
@@ -698,11 +744,13 @@ where
             advantages: adv,
             device: &*device,
             threads: workers.host_threads(),
+            ema: ema_at_start.as_ref(),
         };
         let (frozen, frozen_metrics) =
             algorithm.freeze(&ctx, model.as_ref().expect("model present"))?;
         let mut reports = Vec::with_capacity(pre.update_plan.updates.len());
         for update in &pre.update_plan.updates {
+            let steps_before = optimizer.optimizer_steps();
             let m = model.take().expect("model present");
             let (m, report) = train_step_threads(
                 m,
@@ -718,6 +766,11 @@ where
                     algorithm.micro_batch_loss(&ctx, &frozen, m, samples)
                 },
             )?;
+            if let Some(ema) = ema.as_mut()
+                && optimizer.optimizer_steps() > steps_before
+            {
+                ema.update::<B>(&m, optimizer.optimizer_steps());
+            }
             *model = Some(m);
             reports.push(report);
         }
@@ -738,7 +791,7 @@ where
         let k = self.cfg.eval.samples_per_prompt.max(1);
         let (samples, stats) = evaluate_policy::<B, W>(
             &self.world,
-            &self.model().valid(),
+            &self.handed_out().valid(),
             &self.spec,
             k,
             self.cfg.run.seed,
@@ -800,9 +853,10 @@ where
         self.optimizer.record_into(&mut state);
         state.metrics_cursor = self.monitor.cursor();
         state.checkpoint_failures = self.checkpoint_failures;
-        let readable = self.world.checkpoint_files(self.model())?;
-        self.store.save_with(
+        let readable = self.world.checkpoint_files(self.handed_out())?;
+        self.store.save_all(
             self.model(),
+            self.ema_model(),
             self.optimizer.optimizer(),
             &state,
             &self.rng,
@@ -882,6 +936,7 @@ where
             // interrupts this one (burn tensors are immutable: the clones share storage)
             let rng_before = self.rng.clone();
             let model_before = self.model().clone();
+            let ema_before = self.ema.clone();
             let optimizer_before = self.optimizer.clone();
             let attempt = (|| {
                 let prompts = self
@@ -908,6 +963,7 @@ where
                     // rollout `id` is dropped, whichever phase the request interrupted
                     self.rng = rng_before;
                     self.model = Some(model_before);
+                    self.ema = ema_before;
                     self.optimizer = optimizer_before;
                     summary.stopped = true;
                     match id.checked_sub(1) {

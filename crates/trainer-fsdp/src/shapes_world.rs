@@ -738,6 +738,26 @@ impl<B: AutodiffBackend> World<B> for ShapesWorld<B::InnerBackend> {
         ))
     }
 
+    fn has_reference(&self, policy: &Self::Policy) -> bool {
+        policy.lora_config().is_some()
+    }
+
+    fn reference_velocity(
+        &self,
+        policy: &Self::Policy,
+        x: Tensor<B, 3>,
+        sigma: Tensor<B, 1>,
+        cond: &Self::Cond<B>,
+    ) -> Result<Tensor<B, 3>, TrainerError> {
+        crate::transformer_policy::transformer_reference_velocity(
+            &World::<B>::name(self),
+            policy,
+            x,
+            sigma,
+            cond,
+        )
+    }
+
     fn decode(&self, latents: Tensor<B::InnerBackend, 3>) -> Result<Vec<RgbImage>, TrainerError> {
         tokens_to_images(latents)
     }

@@ -68,6 +68,26 @@ pub fn load_transformer_policy<B: AutodiffBackend>(
     })
 }
 
+/// The velocity of a transformer policy's reference: the same model with its LoRA adapters
+/// off, detached ([`TrainerError::NoReference`] without adapters: full fine-tuning keeps no
+/// pretrained copy).
+pub(crate) fn transformer_reference_velocity<B: Backend>(
+    world: &str,
+    policy: &QwenImageTransformer2DModel<B>,
+    x: Tensor<B, 3>,
+    sigma: Tensor<B, 1>,
+    cond: &QwenImageConditioning<B>,
+) -> Result<Tensor<B, 3>, TrainerError> {
+    use velocity_model::VelocityModel;
+    if policy.lora_config().is_none() {
+        return Err(TrainerError::NoReference {
+            world: world.to_string(),
+            keys: "a reference term".into(),
+        });
+    }
+    Ok(policy.without_adapters().velocity(x, sigma, cond).detach())
+}
+
 /// Scores decoded images with their prompts (no per-sample metadata).
 ///
 /// # Errors

@@ -142,6 +142,25 @@ pub trait World<B: AutodiffBackend>: Sync {
         device: &Bx::Device,
     ) -> Result<Self::Cond<Bx>, TrainerError>;
 
+    /// Whether `policy` has a reference policy for [`World::reference_velocity`]: the
+    /// pretrained model the KL terms measure drift from (for an adapted policy, the same model
+    /// with its adapters off). A run whose algorithm uses a reference refuses to start
+    /// without one ([`TrainerError::NoReference`]).
+    fn has_reference(&self, policy: &Self::Policy) -> bool;
+
+    /// The reference policy's velocity at `(x, sigma, cond)`, detached, on the training
+    /// backend (no copy of the policy: e.g. the same LoRA model with its adapters off).
+    ///
+    /// # Errors
+    /// [`TrainerError::NoReference`] when [`World::has_reference`] is false.
+    fn reference_velocity(
+        &self,
+        policy: &Self::Policy,
+        x: Tensor<B, 3>,
+        sigma: Tensor<B, 1>,
+        cond: &Self::Cond<B>,
+    ) -> Result<Tensor<B, 3>, TrainerError>;
+
     /// Decodes final latents `[batch, ...latent_shape]` into samples.
     ///
     /// # Errors

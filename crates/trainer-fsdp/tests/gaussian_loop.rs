@@ -213,6 +213,136 @@ fn awm_trains_on_clean_endpoints() {
     }
 }
 
+/// The KL to the reference policy (here the exact base model, `delta = 0`) holds the policy
+/// near it: under FlowGRPO (flow_grpo's transition KL) and AWM (the velocity KL), a run with
+/// the term learns a smaller offset than the same run without it, and logs the term's mean
+/// as `train/kl_ref` every rollout.
+fn kl_to_the_reference_holds_the_policy_near_the_base() {
+    let offset = |d: Vec<f32>| d.iter().map(|v| f64::from(*v)).sum::<f64>() / d.len() as f64;
+    for (algorithm, kl) in [("flow_grpo", "10.0"), ("awm", "0.3")] {
+        let kl_key = format!("algorithm.kl_coef={kl}");
+        let (free, held, records) = {
+            let a = tempfile::tempdir().unwrap();
+            let b = tempfile::tempdir().unwrap();
+            let (free, held) = if algorithm == "awm" {
+                let mut r = start_awm(a.path(), ROLLOUTS, &[]);
+                r.run(&StopFlag::new()).unwrap();
+                let free = offset(delta(&r));
+                let mut r = start_awm(b.path(), ROLLOUTS, &[&kl_key]);
+                r.run(&StopFlag::new()).unwrap();
+                (free, offset(delta(&r)))
+            } else {
+                let mut r = start(a.path(), ROLLOUTS, &[]);
+                r.run(&StopFlag::new()).unwrap();
+                let free = offset(delta(&r));
+                let mut r = start(b.path(), ROLLOUTS, &[&kl_key]);
+                r.run(&StopFlag::new()).unwrap();
+                (free, offset(delta(&r)))
+            };
+            let records = read_jsonl(&b.path().join("run").join("metrics.jsonl")).unwrap();
+            (free, held, records)
+        };
+        let kls: Vec<f64> = records
+            .iter()
+            .filter_map(|r| r.metrics.get(names::TRAIN_KL_REF).copied().flatten())
+            .collect();
+        assert_eq!(
+            kls.len() as u64,
+            ROLLOUTS,
+            "{algorithm}: train/kl_ref per rollout"
+        );
+        assert!(
+            kls.iter().all(|k| k.is_finite() && *k >= 0.0) && kls.iter().any(|k| *k > 0.0),
+            "{algorithm}: train/kl_ref {kls:?}"
+        );
+        assert!(
+            held < 0.8 * free && held > 0.0,
+            "{algorithm}: the offset with the KL term ({held:.3}) is not held below the free one ({free:.3})"
+        );
+        println!(
+            "test kl_to_the_reference ({algorithm}, kl_coef {kl}) ... ok (offset {free:.3} without, {held:.3} with; train/kl_ref {:.2e} -> {:.2e})",
+            kls[0],
+            kls[kls.len() - 1]
+        );
+    }
+}
+
+/// `[ema]`: the EMA copy trails the live policy, evaluations sample with it (the logged
+/// final evaluation is the EMA's), checkpoints hold it in `ema.mpk`, and a run resumed from a
+/// checkpoint ends with the same live and EMA weights, bit for bit, as one that never stopped.
+/// AWM's EMA KL term is logged as `train/kl_ema`.
+fn the_ema_is_evaluated_checkpointed_and_resumed_exactly() {
+    const EMA: &str = "ema={ decay = 0.6, warmup = \"flow_grpo\", update_interval = 1 }";
+    let whole = tempfile::tempdir().unwrap();
+    let mut run = start(whole.path(), 6, &[EMA]);
+    let summary = run.run(&StopFlag::new()).unwrap();
+    let (live, ema) = (delta(&run), ema_delta(&run));
+    let mean = |d: &[f32]| d.iter().sum::<f32>() / d.len() as f32;
+    assert!(
+        mean(&ema) > 0.0 && mean(&ema) < mean(&live),
+        "the EMA ({}) does not trail the live offset ({})",
+        mean(&ema),
+        mean(&live)
+    );
+    // the final evaluation is the EMA's
+    let again = run.evaluate("again").unwrap();
+    assert_eq!(
+        again.reward.to_bits(),
+        summary.final_eval.unwrap().reward.to_bits()
+    );
+    let ckpt = whole.path().join("ckpt");
+    assert!(
+        walk(&ckpt)
+            .iter()
+            .any(|p| p.file_name().is_some_and(|n| n == "ema.mpk")),
+        "no ema.mpk under {}",
+        ckpt.display()
+    );
+    // stopped after 3 rollouts, then resumed to 6
+    let parts = tempfile::tempdir().unwrap();
+    start(parts.path(), 3, &[EMA])
+        .run(&StopFlag::new())
+        .unwrap();
+    let mut resumed = start(parts.path(), 6, &[EMA, "checkpoint.resume=true"]);
+    assert_eq!(resumed.next_rollout(), 3);
+    resumed.run(&StopFlag::new()).unwrap();
+    let bits = |d: Vec<f32>| d.into_iter().map(f32::to_bits).collect::<Vec<_>>();
+    assert_eq!(bits(delta(&resumed)), bits(live.clone()));
+    assert_eq!(bits(ema_delta(&resumed)), bits(ema.clone()));
+    // AWM against the EMA
+    let awm = tempfile::tempdir().unwrap();
+    let mut run = start_awm(awm.path(), 3, &[EMA, "algorithm.ema_kl_coef=1.0"]);
+    run.run(&StopFlag::new()).unwrap();
+    let records = read_jsonl(&awm.path().join("run").join("metrics.jsonl")).unwrap();
+    let kls: Vec<f64> = records
+        .iter()
+        .filter_map(|r| r.metrics.get(names::TRAIN_KL_EMA).copied().flatten())
+        .collect();
+    assert!(
+        kls.len() == 3
+            && kls.iter().all(|k| k.is_finite() && *k >= 0.0)
+            && kls.iter().any(|k| *k > 0.0),
+        "train/kl_ema {kls:?}"
+    );
+    // without [ema] the term is refused before anything runs
+    let none = tempfile::tempdir().unwrap();
+    let err = config(
+        none.path(),
+        1,
+        &["algorithm={ kind = \"awm\", ema_kl_coef = 1.0 }"],
+    )
+    .preflight()
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("algorithm.ema_kl_coef"), "{err}");
+    println!(
+        "test the_ema ... ok (offset {:.3} live, {:.3} EMA; resumed bit for bit; train/kl_ema {:.2e})",
+        mean(&live),
+        mean(&ema),
+        kls[2]
+    );
+}
+
 /// `rollout.shared_initial_noise`: a group's candidates leave the deterministic steps before
 /// the first trained one at the same latent (one `x_T` per group) and part at the first
 /// trained step (their own noise); without it they start apart. Groups differ either way.
@@ -400,6 +530,8 @@ fn parent() {
     the_reward_rises();
     the_rollout_anchor_trains_too();
     awm_trains_on_clean_endpoints();
+    kl_to_the_reference_holds_the_policy_near_the_base();
+    the_ema_is_evaluated_checkpointed_and_resumed_exactly();
     shared_initial_noise_starts_each_group_from_one_latent();
     sigkill_and_resume();
     a_second_process_on_a_locked_directory_is_refused();

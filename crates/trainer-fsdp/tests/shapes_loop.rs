@@ -8,9 +8,10 @@ use burn::module::AutodiffModule;
 use reward::shapes::ShapesScorer;
 use reward::{Batch, Components, Input, RewardError, Scorer};
 use trainer_fsdp::dispatch::{Job, dispatch};
-use trainer_fsdp::shapes_world::{SharedScorer, eval_prompts, train_prompts};
+use trainer_fsdp::shapes_world::{ShapesWorld, SharedScorer, eval_prompts, train_prompts};
 use trainer_fsdp::{
-    Algorithm, CheckpointStore, StopFlag, TrainerError, TrainerRng, World, names, read_jsonl,
+    Algorithm, CheckpointStore, FlowGrpo, LocalWorkers, Run, StopFlag, TrainerError, TrainerRng,
+    World, names, read_jsonl,
 };
 
 #[path = "shapes_common/mod.rs"]
@@ -94,9 +95,11 @@ fn one_full_iteration_end_to_end() {
         let d = &report.updates[u].micro_batches;
         assert!(!d.is_empty());
         (
-            d.iter().map(|d| d.ratio_min).fold(f64::INFINITY, f64::min),
             d.iter()
-                .map(|d| d.ratio_max)
+                .map(|d| d.clip.ratio_min)
+                .fold(f64::INFINITY, f64::min),
+            d.iter()
+                .map(|d| d.clip.ratio_max)
                 .fold(f64::NEG_INFINITY, f64::max),
         )
     };
@@ -104,7 +107,7 @@ fn one_full_iteration_end_to_end() {
         report.updates[0]
             .micro_batches
             .iter()
-            .all(|d| d.ratio_min == 1.0 && d.ratio_max == 1.0),
+            .all(|d| d.clip.ratio_min == 1.0 && d.clip.ratio_max == 1.0),
         "first update is on-policy"
     );
     let (lo, hi) = ratio(1);
@@ -113,7 +116,7 @@ fn one_full_iteration_end_to_end() {
         "the second update replays moved weights"
     );
     // the algorithm's metrics of the update say the same
-    let m = trainer_fsdp::algorithm::clip_metrics(&report.updates[..1]);
+    let m = trainer_fsdp::algorithm::policy_metrics(&report.updates[..1]);
     assert_eq!(
         (m[names::TRAIN_RATIO_MIN], m[names::TRAIN_RATIO_MAX]),
         (1.0, 1.0)
@@ -282,6 +285,57 @@ fn the_configured_world_is_dispatched() {
     assert!(
         described.starts_with("FlowGRPO / shapes world"),
         "{described}"
+    );
+}
+
+/// FlowGRPO's KL to the reference in a LoRA world: the reference is the transformer with its
+/// adapters off. The first update runs at the reference itself (LoRA's `B` starts at zero), so
+/// the rollout's mean KL is that of the second update alone, and positive. Under full
+/// fine-tuning there is no reference and the run refuses to start.
+#[test]
+fn the_kl_reference_is_the_model_with_its_adapters_off() {
+    let root = tempfile::tempdir().unwrap();
+    tiny_generator(&root.path().join("generator"));
+    let mut run = start(
+        root.path(),
+        1,
+        &["algorithm.kl_coef=0.04", "rollout.num_updates_per_batch=2"],
+        Box::new(Brightness),
+    );
+    run.run(&StopFlag::new()).unwrap();
+    let records = read_jsonl(&root.path().join("run").join("metrics.jsonl")).unwrap();
+    let kl = records
+        .iter()
+        .find_map(|r| r.metrics.get(names::TRAIN_KL_REF).copied().flatten())
+        .expect("train/kl_ref logged");
+    assert!(kl.is_finite() && kl > 0.0, "train/kl_ref = {kl}");
+
+    let full = tempfile::tempdir().unwrap();
+    tiny_generator(&full.path().join("generator"));
+    let mut cfg = tiny_config(full.path(), 1, &["algorithm.kl_coef=0.04"]);
+    cfg.model.trainable_mode = trainer_fsdp::config::TrainableMode::Full;
+    cfg.lora = None;
+    let pre = cfg.preflight().unwrap();
+    let dev = Default::default();
+    let world =
+        ShapesWorld::<Flex>::load(&full.path().join("generator"), &cfg.reward.scorers, &dev)
+            .unwrap();
+    let workers = LocalWorkers::new(1);
+    let err = Run::<B, _, _, _>::new(
+        cfg,
+        pre,
+        &full.path().join("run"),
+        dev,
+        world,
+        FlowGrpo::new(flow_grpo::ClipRange::symmetric(1e-4).unwrap()).with_kl(0.04),
+        workers,
+    )
+    .err()
+    .expect("refused");
+    assert!(
+        matches!(err, TrainerError::NoReference { .. })
+            && err.to_string().contains("algorithm.kl_coef = 0.04"),
+        "{err}"
     );
 }
 

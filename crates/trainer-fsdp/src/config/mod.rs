@@ -21,7 +21,10 @@
 //!              eps_clip_high (optional), advantage_std_mode, kl_coef, anchor ("replay" |
 //!              "rollout", optional); AWM (all optional): eps_clip, eps_clip_high,
 //!              advantage_std_mode, advantage_limit, weighting ("uniform" | "huber"),
-//!              huber_power
+//!              huber_power, kl_coef, ema_kl_coef
+//! [ema]        decay, warmup ("none" | "flow_grpo" | "linear"), ramp (with "linear"),
+//!              update_interval: the EMA of the trained weights that evaluations sample with
+//!              and checkpoints export                              (optional section)
 //! [optimizer]  lr, weight_decay, adam_beta1, adam_beta2, adam_eps, clip_grad,
 //!              lr_warmup_iters, lr_scheduler, min_lr, lr_decay_iters (optional)
 //! [reward]     scorers, required_components, component_weights
@@ -81,6 +84,7 @@ use sde_math::StorageDtype;
 use sde_math::solvers::{DpmSecondOrder, DpmSolverPP, OdeSolver, UniPc};
 use serde::{Deserialize, Serialize};
 
+use crate::ema::{EmaSettings, EmaWarmup};
 use crate::error::{TrainerError, io_err};
 use crate::lr::LrSchedule;
 
@@ -579,6 +583,19 @@ pub struct AwmSection {
     /// The generalised Huber's power, only with `weighting = "huber"` (default there: 0.25).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub huber_power: Option<f64>,
+    /// The weight of the velocity KL to the reference policy (the policy with its LoRA
+    /// adapters off), `mean((v_θ - v_ref)^2)` (default 0: no term; the release's 0.001).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub kl_coef: f64,
+    /// The weight of the velocity KL to the EMA copy of the policy, `mean((v_θ - v_ema)^2)`
+    /// (default 0: no term; the release's 1.0, the trust region doing its work). Needs
+    /// `[ema]`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub ema_kl_coef: f64,
+}
+
+fn is_zero(v: &f64) -> bool {
+    *v == 0.0
 }
 
 impl AwmSection {
@@ -604,6 +621,8 @@ impl Default for AwmSection {
             advantage_limit: Self::default_advantage_limit(),
             weighting: AwmWeightingKind::default(),
             huber_power: None,
+            kl_coef: 0.0,
+            ema_kl_coef: 0.0,
         }
     }
 }
@@ -630,7 +649,10 @@ pub struct FlowGrpoSection {
     pub eps_clip_high: Option<f64>,
     /// The std divisor of the group-relative advantages after centring.
     pub advantage_std_mode: AdvantageStdMode,
-    /// KL-to-reference coefficient; must be 0 (no reference model yet).
+    /// The weight of the KL of every trained transition to the reference policy's (the
+    /// pretrained model: the policy with its LoRA adapters off), flow_grpo's closed form
+    /// `mean((mu - mu_ref)^2) / (2 std_dev_t^2)`; `0` turns the term and its forward off.
+    /// flow_grpo's released configs use 0.04 (SD3.5, GenEval) and 0 (PickScore).
     pub kl_coef: f64,
     /// Where the pi_old log-probs come from (`"replay"` when absent).
     #[serde(default)]
@@ -966,12 +988,48 @@ pub struct TrainConfig {
     pub artifacts: ArtifactSection,
     /// `[eval]`.
     pub eval: EvalSection,
+    /// `[ema]`: an exponential moving average of the trained weights for evaluation,
+    /// checkpoints and export (absent: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ema: Option<EmaSection>,
     /// `[monitor]`.
     #[serde(default)]
     pub monitor: MonitorSection,
     /// `[data]`: prompt files instead of the world's own prompts (absent: the world's).
     #[serde(default, skip_serializing_if = "DataSection::is_empty")]
     pub data: DataSection,
+}
+
+/// `[ema]`: the exponential moving average of the trained weights ([`crate::ema`]). The
+/// rollouts sample with the live weights; evaluations sample with the average, checkpoints'
+/// readable adapter files and exports hold it, and `model.mpk` keeps the live weights (with
+/// the average beside them in `ema.mpk`) so that a resume is exact.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EmaSection {
+    /// The largest decay, in `[0, 1)` (flow_grpo's SD3 recipe: 0.9; the AWM release: 0.3).
+    pub decay: f64,
+    /// The decay's warm-up over the first optimizer steps: `"none"`, `"flow_grpo"`
+    /// (`min(decay, (1 + s) / (10 + s))`) or `"linear"` (`min(decay, ramp · s)`).
+    pub warmup: EmaWarmupKind,
+    /// The decay gained per optimizer step, with `warmup = "linear"` only (the AWM release:
+    /// 0.001).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ramp: Option<f64>,
+    /// The average moves after every `update_interval`-th optimizer step (flow_grpo: 8).
+    pub update_interval: u64,
+}
+
+/// `[ema] warmup`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EmaWarmupKind {
+    /// The decay from the first step.
+    None,
+    /// flow_grpo's `min(decay, (1 + s) / (10 + s))`.
+    FlowGrpo,
+    /// `min(decay, ramp · s)`.
+    Linear,
 }
 
 /// `[data]`: prompt files in the unified JSONL schema (`prompt-data`; the `prompts` example's
@@ -1254,6 +1312,7 @@ const SECTIONS: &[&str] = &[
     "checkpoint",
     "artifacts",
     "eval",
+    "ema",
     "monitor",
     "data",
 ];
@@ -1310,6 +1369,7 @@ fn section_problems(table: &toml::Table) -> Vec<(Option<&'static str>, String)> 
         check_section::<ArtifactSection>(table, "artifacts", true),
     );
     check("eval", check_section::<EvalSection>(table, "eval", true));
+    check("ema", check_section::<EmaSection>(table, "ema", false));
     check(
         "monitor",
         check_section::<MonitorSection>(table, "monitor", false),

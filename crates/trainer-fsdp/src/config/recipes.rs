@@ -124,6 +124,7 @@ impl TrainConfig {
                 interval: 10,
                 samples_per_prompt: 2,
             },
+            ema: None,
             monitor: MonitorSection::default(),
             data: DataSection::default(),
         }

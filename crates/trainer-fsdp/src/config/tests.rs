@@ -85,7 +85,7 @@ fn a_bad_config_reports_every_violation_at_once() {
     c.rollout.prompts_per_rollout = 3;
     c.rollout.group_size = 3;
     c.rollout.num_updates_per_batch = 2;
-    flow_grpo_mut(&mut c).kl_coef = 0.04;
+    flow_grpo_mut(&mut c).kl_coef = -0.04;
     c.optimizer.lr_scheduler = LrSchedulerKind::Cosine;
     let text = problems(&c);
     let expect = [
@@ -96,7 +96,7 @@ fn a_bad_config_reports_every_violation_at_once() {
         "\"aesthetic\" but reward.component_weights has no weight",
         "component \"aesthetic\" is required or weighted, but no scorer",
         "rollout.num_updates_per_batch = 2 does not divide the rollout batch of 3 prompts x 3 candidates = 9",
-        "algorithm.kl_coef = 0.04",
+        "algorithm.kl_coef = -0.04",
         "needs optimizer.lr_decay_iters",
     ];
     assert_eq!(text.len(), expect.len(), "{text:#?}");
@@ -525,10 +525,13 @@ fn an_awm_section_takes_its_defaults_and_names_every_bad_key() {
         clip_range,
         weighting,
         advantage_limit,
+        kl_coef,
+        ema_kl_coef,
     } = p.algorithm
     else {
         panic!("an AWM plan")
     };
+    assert_eq!((kl_coef, ema_kl_coef), (0.0, 0.0));
     assert_eq!(
         (clip_range.lower_bound(), clip_range.upper_bound()),
         (0.0, 2.0)
@@ -579,8 +582,21 @@ fn an_awm_section_takes_its_defaults_and_names_every_bad_key() {
         "{text:?}"
     );
     // FlowGRPO's keys are not AWM's
-    let err = awm(&["algorithm.kl_coef=0.0"]).unwrap_err().to_string();
-    assert!(err.contains("kl_coef"), "{err}");
+    let err = awm(&["algorithm.anchor=\"rollout\""])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("anchor"), "{err}");
+    // the velocity KL to the reference: finite and >= 0
+    let p = awm(&["algorithm.kl_coef=0.001"])
+        .unwrap()
+        .preflight()
+        .unwrap();
+    assert!(matches!(p.algorithm, AlgorithmPlan::Awm { kl_coef, .. } if kl_coef == 0.001));
+    let text = problems(&awm(&["algorithm.kl_coef=-1.0"]).unwrap());
+    assert!(
+        text.iter().any(|p| p.contains("algorithm.kl_coef = -1")),
+        "{text:?}"
+    );
 }
 
 /// `sampling.scheduler = "sd3_5_diffusers_default"` is SD3.5 on diffusers' own
@@ -606,4 +622,53 @@ fn the_schedule_sources_and_arithmetic_are_named_options() {
     let current = schedule(&[]);
     let legacy = schedule(&["sampling.schedule_compat=\"diffusers_0_35\""]);
     assert_ne!(current.sigmas, legacy.sigmas);
+}
+
+/// `[ema]`: absent by default; its keys checked together, each problem naming its key.
+#[test]
+fn the_ema_section_is_checked() {
+    let c = TrainConfig::from_recipe(RecipeName::ShapesWorldLora, &[]).unwrap();
+    assert!(c.ema.is_none() && c.preflight().unwrap().ema.is_none());
+    let with = |o: &[&str]| {
+        TrainConfig::from_recipe(
+            RecipeName::ShapesWorldLora,
+            &Override::parse_all(o).unwrap(),
+        )
+        .unwrap()
+    };
+    let p = with(&["ema={ decay = 0.3, warmup = \"linear\", ramp = 0.001, update_interval = 1 }"])
+        .preflight()
+        .unwrap();
+    assert_eq!(
+        p.ema,
+        Some(crate::ema::EmaSettings {
+            decay: 0.3,
+            warmup: crate::ema::EmaWarmup::Linear { ramp: 0.001 },
+            interval: 1,
+        })
+    );
+    let text = problems(&with(&[
+        "ema={ decay = 1.0, warmup = \"none\", ramp = 0.1, update_interval = 0 }",
+    ]));
+    for key in ["ema.decay = 1", "ema.update_interval = 0", "ema.ramp = 0.1"] {
+        assert!(text.iter().any(|p| p.contains(key)), "{key}: {text:?}");
+    }
+    let text = problems(&with(&[
+        "ema={ decay = 0.9, warmup = \"linear\", update_interval = 8 }",
+    ]));
+    assert!(
+        text.iter().any(|p| p.contains("ema.ramp = absent")),
+        "{text:?}"
+    );
+    // an unknown key is refused by name
+    let err = TrainConfig::from_recipe(
+        RecipeName::ShapesWorldLora,
+        &Override::parse_all(&[
+            "ema={ decay = 0.9, warmup = \"none\", update_interval = 1, beta = 2 }",
+        ])
+        .unwrap(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("beta"), "{err}");
 }

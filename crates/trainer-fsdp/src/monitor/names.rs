@@ -59,6 +59,16 @@ pub const PERF_TRAIN_TRANSITIONS_PER_S: &str = "perf/train_transitions_per_s";
 /// Trained candidates per second of the updates.
 pub const PERF_TRAIN_SAMPLES_PER_S: &str = "perf/train_samples_per_s";
 
+/// The mean KL of the trained transitions (or velocities) to the reference policy, before its
+/// coefficient; logged when the objective has that term.
+pub const TRAIN_KL_REF: &str = "train/kl_ref";
+/// The mean KL of the policy's velocities to its EMA copy, before its coefficient; logged
+/// when the objective has that term.
+pub const TRAIN_KL_EMA: &str = "train/kl_ema";
+
+/// Metric names logged only when a configured term or option produces them.
+pub const OPTIONAL: &[&str] = &[TRAIN_KL_REF, TRAIN_KL_EMA];
+
 /// Every fixed metric name the run logs each rollout (the evaluation's, the per-component
 /// `reward/<c>_*` and the phase times are formed by the functions below).
 pub const ALL: &[&str] = &[

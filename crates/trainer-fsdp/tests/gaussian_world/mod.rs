@@ -290,6 +290,23 @@ impl<Bk: AutodiffBackend> World<Bk> for GaussianWorld {
         ))
     }
 
+    /// The reference is the exact base model, `delta = 0`.
+    fn has_reference(&self, _policy: &GaussianPolicy<Bk>) -> bool {
+        true
+    }
+
+    fn reference_velocity(
+        &self,
+        _policy: &GaussianPolicy<Bk>,
+        x: Tensor<Bk, 3>,
+        sigma: Tensor<Bk, 1>,
+        cond: &TensorConditioning<Bk, 2>,
+    ) -> Result<Tensor<Bk, 3>, TrainerError> {
+        Ok(GaussianPolicy::<Bk>::base(&x.device())
+            .velocity(x, sigma, cond)
+            .detach())
+    }
+
     fn decode(
         &self,
         latents: Tensor<Bk::InnerBackend, 3>,
@@ -446,7 +463,12 @@ fn build_in(
     run_dir: &Path,
     world: GaussianWorld,
 ) -> Result<GaussianRun, TrainerError> {
-    let trainer_fsdp::AlgorithmPlan::FlowGrpo { clip_range, anchor } = pre.algorithm.clone() else {
+    let trainer_fsdp::AlgorithmPlan::FlowGrpo {
+        clip_range,
+        anchor,
+        kl_coef,
+    } = pre.algorithm.clone()
+    else {
         panic!("a FlowGRPO plan")
     };
     let workers = LocalWorkers::new(cfg.run.threads());
@@ -456,7 +478,9 @@ fn build_in(
         run_dir,
         Default::default(),
         world,
-        FlowGrpo::new(clip_range).with_anchor(anchor),
+        FlowGrpo::new(clip_range)
+            .with_anchor(anchor)
+            .with_kl(kl_coef),
         workers,
     )
 }
@@ -472,6 +496,8 @@ pub fn start_awm(root: &Path, rollouts: u64, extra: &[&str]) -> AwmRun {
         clip_range,
         weighting,
         advantage_limit,
+        kl_coef,
+        ema_kl_coef,
     } = pre.algorithm.clone()
     else {
         panic!("an AWM plan")
@@ -488,10 +514,24 @@ pub fn start_awm(root: &Path, rollouts: u64, extra: &[&str]) -> AwmRun {
             clip: clip_range,
             weighting,
             advantage_limit,
+            kl_coef,
+            ema_kl_coef,
         },
         workers,
     )
     .unwrap()
+}
+
+/// The offset of a run's EMA copy (`[ema]`).
+pub fn ema_delta<A: trainer_fsdp::Algorithm<Train, GaussianWorld>>(
+    run: &Run<Train, GaussianWorld, A, LocalWorkers>,
+) -> Vec<f32> {
+    burn::module::AutodiffModule::<Train>::valid(run.ema_model().expect("an EMA"))
+        .delta
+        .val()
+        .into_data()
+        .to_vec::<f32>()
+        .unwrap()
 }
 
 /// The learned offset of a run's policy.

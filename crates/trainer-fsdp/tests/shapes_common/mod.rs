@@ -37,10 +37,17 @@ pub fn start_in(
         .with_prompt_files(&cfg.data)
         .unwrap()
         .with_scorer(scorer);
-    let AlgorithmPlan::FlowGrpo { clip_range, .. } = pre.algorithm.clone() else {
+    let AlgorithmPlan::FlowGrpo {
+        clip_range,
+        anchor,
+        kl_coef,
+    } = pre.algorithm.clone()
+    else {
         panic!("a FlowGRPO plan")
     };
-    let algorithm = FlowGrpo::new(clip_range);
+    let algorithm = FlowGrpo::new(clip_range)
+        .with_anchor(anchor)
+        .with_kl(kl_coef);
     let workers = LocalWorkers::new(cfg.run.threads());
     Run::new(cfg, pre, run_dir, dev, world, algorithm, workers).unwrap()
 }
