@@ -188,7 +188,7 @@ fn main() -> Result<()> {
 fn evaluate(model: &ShapesGenerator<Flex>, sigmas: &[f32], seed: u64) -> Result<f64> {
     let spec = SamplerSpec {
         sigmas: sigmas.to_vec(),
-        kernel: Kernel::flow_sde(0.7)?,
+        kernel: Some(Kernel::flow_sde(0.7)?),
         solver: OdeSolver::Euler,
         storage: StorageDtype::F32,
     };

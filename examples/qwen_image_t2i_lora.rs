@@ -15,6 +15,8 @@
 //! cargo run --release --example qwen_image_t2i_lora -- --overwrite     # start again, the old run moved aside
 //! cargo run --release --example qwen_image_t2i_lora -- --seeds 5       # the default over 5 seeds, a table
 //! cargo run --release --example qwen_image_t2i_lora -- --algorithm awm # AWM instead of FlowGRPO
+//! cargo run --release --example qwen_image_t2i_lora -- --algorithm nft # DiffusionNFT
+//! cargo run --release --example qwen_image_t2i_lora -- --algorithm dpo # online Flow-DPO
 //! cargo run --release --features cuda --example qwen_image_t2i_lora -- \
 //!     --recipe qwen_image_t2i_lora --model-path models/Qwen-Image --reward-model-path models/PickScore_v1 --backend cuda
 //! ```
@@ -67,8 +69,11 @@ struct Args {
     /// `key=value` overrides with dotted keys, applied last (repeatable).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     overrides: Vec<String>,
-    /// The RL objective: `flow_grpo` (the recipes' own `[algorithm]`) or `awm` (Advantage
-    /// Weighted Matching with its defaults; `--set algorithm.<key>=...` still applies after it).
+    /// The RL objective: `flow_grpo` (the recipes' own `[algorithm]`), `awm` (Advantage
+    /// Weighted Matching with its defaults) or `nft` (DiffusionNFT with its defaults, and
+    /// `sampling.eta = 0`: its rollouts are deterministic) or `dpo` (online Flow-DPO, also
+    /// with `sampling.eta = 0`) or `dpok` (DPOK's clamped ratio with its KL); `--set
+    /// algorithm.<key>=...` still applies after it.
     #[arg(long, value_name = "NAME")]
     algorithm: Option<String>,
     /// A diffusers Qwen-Image directory (trains the real model instead of the shapes world;
@@ -130,7 +135,16 @@ fn main() -> Result<()> {
     match args.algorithm.as_deref() {
         None | Some("flow_grpo") => {}
         Some("awm") => overrides.push(Override::parse("algorithm={ kind = \"awm\" }")?),
-        Some(other) => bail!("--algorithm {other}: expected flow_grpo or awm"),
+        Some("nft") => {
+            overrides.push(Override::parse("algorithm={ kind = \"nft\" }")?);
+            overrides.push(Override::parse("sampling.eta=0.0")?);
+        }
+        Some("dpo") => {
+            overrides.push(Override::parse("algorithm={ kind = \"dpo\" }")?);
+            overrides.push(Override::parse("sampling.eta=0.0")?);
+        }
+        Some("dpok") => overrides.push(Override::parse("algorithm={ kind = \"dpok\" }")?),
+        Some(other) => bail!("--algorithm {other}: expected flow_grpo, awm, nft, dpo or dpok"),
     }
     overrides.extend(Override::parse_all(&args.overrides)?);
     if args.resume || args.resume_from.is_some() {

@@ -12,8 +12,8 @@ use std::ops::Range;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Tensor, TensorData};
 use flow_grpo::{
-    AnchorRecorder, ClipDiagnostics, ClipRange, PolicyAnchor, UpdatePlan, grpo_clip_loss,
-    log_prob_parity,
+    AnchorRecorder, ClipDiagnostics, ClipRange, PolicyAnchor, SoftUpdate, UpdatePlan, dpok_loss,
+    grpo_clip_loss, log_prob_parity,
 };
 
 use crate::config::AnchorSource;
@@ -33,6 +33,10 @@ pub enum Recording {
     /// The same, and every candidate's clean endpoint `x0` (`tracks.endpoint`, at the storage
     /// precision): what an objective on the forward process trains on.
     SdeTransitionsAndEndpoints,
+    /// A deterministic rollout (every step runs the solver; `sampling.eta = 0`) and every
+    /// candidate's clean endpoint alone: no transition, no log-prob. The configured trained
+    /// steps are the objective's training timesteps.
+    OdeEndpoints,
 }
 
 /// An RL objective the generic run trains with. See the module docs.
@@ -60,6 +64,15 @@ pub trait Algorithm<B: AutodiffBackend, W: World<B>>: Sync {
     /// ([`TrainContext::ema`]), e.g. `"algorithm.ema_kl_coef = 1"`; `None` (the default) when
     /// nothing does. A run without `[ema]` then refuses to start ([`TrainerError::NoEma`]).
     fn ema_keys(&self) -> Option<String> {
+        None
+    }
+
+    /// A sampling copy of the policy for the run to keep (DiffusionNFT's `θ_old`): the
+    /// rollouts sample with it, [`TrainContext::sampling_copy`] is it as it stood for the
+    /// rollout, and after each rollout's updates it moves toward the policy,
+    /// `copy <- η_i copy + (1 - η_i) θ` ([`SoftUpdate::decay`] of the rollout id). It is
+    /// checkpointed (`sampler.mpk`). `None` (the default): the rollouts sample with the policy.
+    fn sampling_copy(&self) -> Option<SoftUpdate> {
         None
     }
 
@@ -93,11 +106,14 @@ pub trait Algorithm<B: AutodiffBackend, W: World<B>>: Sync {
 }
 
 /// FlowGRPO (Liu et al. 2025): the PPO-style clipped objective over the log-probs of the
-/// trained SDE steps, against the pi_old anchor, with group-relative advantages.
+/// trained SDE steps, against the pi_old anchor, with group-relative advantages. With
+/// [`RatioObjective::DpokClamped`] the same replay and anchor feed DPOK's objective instead.
 #[derive(Debug, Clone)]
 pub struct FlowGrpo {
-    /// The PPO clip range.
+    /// The ratio band (PPO's clip, or DPOK's clamp).
     pub clip: ClipRange,
+    /// What the ratio goes into.
+    pub objective: RatioObjective,
     /// Where pi_old comes from.
     pub anchor: AnchorSource,
     /// The weight of the KL of every trained transition to the reference policy's
@@ -106,14 +122,36 @@ pub struct FlowGrpo {
     pub kl_coef: f64,
 }
 
+/// The objective a likelihood ratio of the trained transitions goes into.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RatioObjective {
+    /// FlowGRPO's `max(-A r, -A clip(r))` ([`flow_grpo::grpo_clip_loss`]).
+    PpoClip,
+    /// DPOK's `-w A clamp(r)` ([`flow_grpo::dpok_loss`]): the ratio clamped outright, scaled by
+    /// the reward weight `w` (the release's 100).
+    DpokClamped {
+        /// The reward weight.
+        reward_weight: f64,
+    },
+}
+
 impl FlowGrpo {
     /// FlowGRPO with the clip range `clip`, the replayed anchor ([`AnchorSource::Replay`]) and
     /// no KL term.
     pub fn new(clip: ClipRange) -> Self {
         Self {
             clip,
+            objective: RatioObjective::PpoClip,
             anchor: AnchorSource::Replay,
             kl_coef: 0.0,
+        }
+    }
+
+    /// DPOK: the clamped ratio in the band `clip`, weighted by `reward_weight`.
+    pub fn dpok(clip: ClipRange, reward_weight: f64) -> Self {
+        Self {
+            objective: RatioObjective::DpokClamped { reward_weight },
+            ..Self::new(clip)
         }
     }
 
@@ -254,7 +292,10 @@ impl<B: AutodiffBackend, W: World<B>> Algorithm<B, W> for FlowGrpo {
     type Diagnostics = PolicyDiagnostics;
 
     fn name(&self) -> &'static str {
-        "FlowGRPO"
+        match self.objective {
+            RatioObjective::PpoClip => "FlowGRPO",
+            RatioObjective::DpokClamped { .. } => "DPOK",
+        }
     }
 
     fn recording(&self) -> Recording {
@@ -317,12 +358,14 @@ impl<B: AutodiffBackend, W: World<B>> Algorithm<B, W> for FlowGrpo {
     ) -> Result<MicroBatchLoss<B, PolicyDiagnostics>, TrainerError> {
         let (lp, kl) = replay_policy(ctx, policy, samples.clone(), self.kl_coef != 0.0)?;
         let idx: Vec<usize> = samples.clone().collect();
-        let out = grpo_clip_loss(
-            lp,
-            anchor.log_probs::<B>(samples, ctx.device)?,
-            ctx.advantages.tensor::<B>(&idx, ctx.device),
-            self.clip,
-        )?;
+        let anchor = anchor.log_probs::<B>(samples, ctx.device)?;
+        let advantages = ctx.advantages.tensor::<B>(&idx, ctx.device);
+        let out = match self.objective {
+            RatioObjective::PpoClip => grpo_clip_loss(lp, anchor, advantages, self.clip)?,
+            RatioObjective::DpokClamped { reward_weight } => {
+                dpok_loss(lp, anchor, advantages, self.clip, reward_weight)?
+            }
+        };
         let mut diagnostics = PolicyDiagnostics::clip_only(out.diagnostics);
         let mut loss = out.loss;
         if let Some(kl) = kl {

@@ -22,15 +22,15 @@ use burn::tensor::{Tensor, TensorData};
 use flow_grpo::{
     AwmWeighting, ClipRange, PolicyAnchor, awm_advantages, awm_log_likelihood, grpo_clip_loss,
 };
-use velocity_model::{Conditioning, VelocityModel};
+use velocity_model::VelocityModel;
 
 use crate::algorithm::{
     Algorithm, PolicyDiagnostics, Recording, policy_metrics, record_anchor, scalar,
 };
 use crate::error::TrainerError;
+use crate::forward::forward_rows;
 use crate::monitor::Metrics;
 use crate::rollout::ReferenceFn;
-use crate::rollout::group_chunks;
 use crate::run::TrainContext;
 use crate::train::{MicroBatchLoss, UpdateReport};
 use crate::world::World;
@@ -69,90 +69,22 @@ where
     Bx: Backend<Device = B::Device>,
     M: VelocityModel<Bx, Conditioning = W::Cond<Bx>>,
 {
-    let batch = ctx.batch;
-    let g = batch.group_size();
-    let n = samples.len();
-    let steps = batch.trained.len();
-    if n == 0 || steps == 0 {
+    let Some(rows) = forward_rows::<B, W, Bx>(ctx, samples.clone())? else {
+        let (n, steps) = (samples.len(), ctx.batch.trained.len());
         let kls = others
             .iter()
             .map(|_| Tensor::zeros([n, steps], ctx.device))
             .collect();
         return Ok((Tensor::zeros([n, steps], ctx.device), kls));
-    }
-    let chunks = group_chunks(samples.clone(), g);
-    let first = &batch.trajectories[chunks[0].0];
-    let [t, c] = ctx.world.latent_shape();
-    let latent_shape = [t, c];
-    let per = t * c;
-    let sigmas: Vec<f32> = batch
-        .trained
+    };
+    let v = model.velocity(rows.x.clone(), rows.sigma.clone(), &rows.cond);
+    let kls = others
         .iter()
-        .map(|&k| first.common.sigmas[k])
-        .collect();
-    let mut conds = Vec::with_capacity(chunks.len());
-    let mut x0 = Vec::with_capacity(n * per);
-    let mut seeds = Vec::with_capacity(n);
-    for (gi, slots) in &chunks {
-        let traj = &batch.trajectories[*gi];
-        let endpoint = traj
-            .tracks
-            .endpoint
-            .as_ref()
-            .ok_or(TrainerError::MissingEndpoint {
-                rollout: batch.rollout_id,
-                group: *gi,
-            })?;
-        if endpoint.shape().get(1..) != Some(latent_shape.as_slice()) {
-            return Err(TrainerError::EndpointShape {
-                rollout: batch.rollout_id,
-                group: *gi,
-                found: endpoint.shape().to_vec(),
-                expected: latent_shape.to_vec(),
-            });
-        }
-        let values = endpoint.to_f32();
-        x0.extend_from_slice(&values[slots.start * per..slots.end * per]);
-        seeds.extend(
-            traj.common.candidates[slots.clone()]
-                .iter()
-                .map(|c| c.seed_hash),
-        );
-        conds.push(ctx.world.restore_conditioning::<Bx>(
-            &traj.conditions,
-            slots.len(),
-            ctx.device,
-        )?);
-    }
-    let cond = W::Cond::<Bx>::cat_rows(conds).repeat_rows(steps);
-    // host-side forward process, step-major rows: the same bits for the anchor and the updates
-    let rows = n * steps;
-    let mut x_sigma = Vec::with_capacity(rows * per);
-    let mut target = Vec::with_capacity(rows * per);
-    let mut sigma_rows = Vec::with_capacity(rows);
-    for (&k, &s) in batch.trained.iter().zip(&sigmas) {
-        for (row, seed) in seeds.iter().enumerate() {
-            let eps = noise_recipe::forward_noise(*seed, k as u64, &latent_shape);
-            let x = &x0[row * per..(row + 1) * per];
-            x_sigma.extend(x.iter().zip(&eps).map(|(x, e)| (1.0 - s) * x + s * e));
-            target.extend(x.iter().zip(&eps).map(|(x, e)| e - x));
-            sigma_rows.push(s);
-        }
-    }
-    let x = Tensor::<Bx, 3>::from_data(TensorData::new(x_sigma, [rows, t, c]), ctx.device);
-    let sigma = Tensor::<Bx, 1>::from_data(TensorData::new(sigma_rows, [rows]), ctx.device);
-    let v = model.velocity(x.clone(), sigma.clone(), &cond);
-    let mut kls = Vec::with_capacity(others.len());
-    for f in others {
-        let v_other = f(x.clone(), sigma.clone(), &cond)?.detach();
-        let d = (v.clone() - v_other).reshape([rows, per]);
-        let per_row = (d.clone() * d).mean_dim(1).reshape([steps, n]);
-        kls.push(per_row.swap_dims(0, 1));
-    }
-    let v = v.reshape([rows, per]);
-    let target = Tensor::<Bx, 2>::from_data(TensorData::new(target, [rows, per]), ctx.device);
-    let lp = awm_log_likelihood(v, target, sigma, weighting)?;
-    Ok((lp.reshape([steps, n]).swap_dims(0, 1), kls))
+        .map(|f| rows.velocity_kl(&v, f))
+        .collect::<Result<Vec<_>, _>>()?;
+    let v = v.reshape([rows.n * rows.steps, rows.per]);
+    let lp = awm_log_likelihood(v, rows.target.clone(), rows.sigma.clone(), weighting)?;
+    Ok((rows.per_sample(lp), kls))
 }
 
 impl<B: AutodiffBackend, W: World<B>> Algorithm<B, W> for Awm {

@@ -6,6 +6,7 @@
 //! ├── adapter_model.safetensors the same, readable without burn, where the world writes it
 //! ├── adapter_config.json         (the shapes world under LoRA: a PEFT adapter directory)
 //! ├── ema.mpk                   with [ema]: the EMA copy's trainable parameters, as model.mpk
+//! ├── sampler.mpk               DiffusionNFT: the sampling copy's trainable parameters
 //! ├── optimizer.mpk             the optimizer's record (AdamW moments and step counts)
 //! ├── rng_rank0.json            the trainer's random stream
 //! ├── adapter_contract.json     LoRA only: rank, alpha, dropout, targets, rsLoRA, base hash
@@ -57,6 +58,8 @@ use crate::rng::TrainerRng;
 pub const WEIGHTS_FILE: &str = "model.mpk";
 /// The EMA copy of the trainable weights (with `[ema]`).
 pub const EMA_FILE: &str = "ema.mpk";
+/// The sampling copy of the trainable weights (DiffusionNFT's `θ_old`).
+pub const SAMPLER_FILE: &str = "sampler.mpk";
 /// The optimizer state.
 pub const OPTIMIZER_FILE: &str = "optimizer.mpk";
 /// The trainer's random stream (rank 0).
@@ -492,12 +495,12 @@ impl CheckpointStore {
         M: AutodiffModule<B>,
         O: Optimizer<M, B>,
     {
-        self.save_all(model, None, optimizer, state, rng, contract, readable)
+        self.save_all(model, &[], optimizer, state, rng, contract, readable)
     }
 
-    /// [`CheckpointStore::save_with`], and with `ema` the EMA copy's trainable weights in
-    /// [`EMA_FILE`] (the same format as the model's, written right after them), for
-    /// [`CheckpointStore::load_ema`].
+    /// [`CheckpointStore::save_with`], and the trainable weights of each of `copies` (the EMA
+    /// copy in [`EMA_FILE`], the sampling copy in [`SAMPLER_FILE`]) in the model's format,
+    /// written right after the model's, for [`CheckpointStore::load_copy`].
     ///
     /// # Errors
     /// As [`CheckpointStore::save_with`].
@@ -505,7 +508,7 @@ impl CheckpointStore {
     pub fn save_all<B, M, O>(
         &self,
         model: &M,
-        ema: Option<&M>,
+        copies: &[(&'static str, &M)],
         optimizer: &O,
         state: &TrainerState,
         rng: &TrainerRng,
@@ -543,6 +546,7 @@ impl CheckpointStore {
         let reserved = [
             WEIGHTS_FILE,
             EMA_FILE,
+            SAMPLER_FILE,
             OPTIMIZER_FILE,
             RNG_FILE,
             CONTRACT_FILE,
@@ -563,10 +567,10 @@ impl CheckpointStore {
         }
         // encode before touching the disk: a failure here leaves every checkpoint as it was
         let weights = encode_weights::<B, M>(model, &dir)?;
-        let ema_weights = match ema {
-            Some(ema) => Some(encode_weights::<B, M>(ema, &dir)?),
-            None => None,
-        };
+        let copy_weights = copies
+            .iter()
+            .map(|(name, m)| Ok((*name, encode_weights::<B, M>(*m, &dir)?)))
+            .collect::<Result<Vec<_>, TrainerError>>()?;
         let float = record_float::<B>();
         let optim = encode_optimizer::<B, M, O>(optimizer, float, &dir)?;
         let json = |value: &dyn erased::Json, what: &'static str| {
@@ -592,8 +596,8 @@ impl CheckpointStore {
 
         let mut files = Vec::new();
         self.write_file(&dir, WEIGHTS_FILE, &weights, &mut files)?;
-        if let Some(bytes) = &ema_weights {
-            self.write_file(&dir, EMA_FILE, bytes, &mut files)?;
+        for (name, bytes) in &copy_weights {
+            self.write_file(&dir, name, bytes, &mut files)?;
         }
         for (name, bytes) in readable {
             self.write_file(&dir, name, bytes, &mut files)?;
@@ -865,27 +869,26 @@ impl CheckpointStore {
         Ok((model, state))
     }
 
-    /// The EMA copy's trainable weights ([`EMA_FILE`]) of a committed checkpoint loaded into
-    /// `model` (a clone of the policy), every file's hash verified.
+    /// The trainable weights of a copy of the policy that a committed checkpoint holds in
+    /// `name` ([`EMA_FILE`], [`SAMPLER_FILE`]) loaded into `model` (a clone of the policy),
+    /// every file's hash verified.
     ///
     /// # Errors
     /// [`TrainerError::Checkpoint`] with [`CheckpointProblem::MissingFile`] when the checkpoint
-    /// has no EMA (it was written without `[ema]`); as [`CheckpointStore::load_weights`].
-    pub fn load_ema<B: Backend, M: Module<B>>(
+    /// has no such copy (it was written by a run without it); as
+    /// [`CheckpointStore::load_weights`].
+    pub fn load_copy<B: Backend, M: Module<B>>(
         &self,
         ckpt: &CommittedCheckpoint,
+        name: &str,
         model: M,
     ) -> Result<M, TrainerError> {
         let (_, contents) = self.read_verified(ckpt)?;
-        let bytes = contents
-            .get(EMA_FILE)
-            .ok_or_else(|| TrainerError::Checkpoint {
-                dir: ckpt.dir.clone(),
-                problem: CheckpointProblem::MissingFile {
-                    name: EMA_FILE.into(),
-                },
-            })?;
-        decode_weights::<B, M>(model, bytes, &ckpt.dir.join(EMA_FILE))
+        let bytes = contents.get(name).ok_or_else(|| TrainerError::Checkpoint {
+            dir: ckpt.dir.clone(),
+            problem: CheckpointProblem::MissingFile { name: name.into() },
+        })?;
+        decode_weights::<B, M>(model, bytes, &ckpt.dir.join(name))
     }
 
     /// [`CheckpointStore::load`] of the latest committed checkpoint, or

@@ -28,7 +28,9 @@ use burn::tensor::backend::AutodiffBackend;
 use crate::algorithm::{Algorithm, FlowGrpo};
 use crate::awm::Awm;
 use crate::config::{AlgorithmPlan, GeneratorSource, Preflight, TrainConfig};
+use crate::dpo::Dpo;
 use crate::error::TrainerError;
+use crate::nft::Nft;
 use crate::qwen_image_world::QwenImageWorld;
 use crate::run::{Run, RunSummary};
 use crate::shapes_world::ShapesWorld;
@@ -155,6 +157,32 @@ fn with_algorithm<B: AutodiffBackend, W: World<B>, J: Job<B>>(
                 advantage_limit: *advantage_limit,
                 kl_coef: *kl_coef,
                 ema_kl_coef: *ema_kl_coef,
+            },
+        ),
+        AlgorithmPlan::Dpo { beta } => job.run(world, Dpo { beta: *beta }),
+        AlgorithmPlan::Dpok {
+            clip_range,
+            reward_weight,
+            kl_coef,
+            anchor,
+        } => job.run(
+            world,
+            FlowGrpo::dpok(*clip_range, *reward_weight)
+                .with_anchor(*anchor)
+                .with_kl(*kl_coef),
+        ),
+        AlgorithmPlan::Nft {
+            beta,
+            advantage_limit,
+            soft_update,
+            kl_coef,
+        } => job.run(
+            world,
+            Nft {
+                beta: *beta,
+                advantage_limit: *advantage_limit,
+                soft_update: *soft_update,
+                kl_coef: *kl_coef,
             },
         ),
     }

@@ -273,6 +273,22 @@ pub enum TrainerError {
         keys: String,
     },
 
+    /// A trained (stochastic) step was asked of a deterministic sampler.
+    #[error(
+        "a trained SDE step was asked of a deterministic sampler (sampling.eta = 0 has no kernel: only an \
+         objective on ODE rollouts, algorithm.kind = \"nft\", samples without one)"
+    )]
+    NoKernel,
+
+    /// An algorithm that trains against the run's sampling copy was given none.
+    #[error(
+        "{algorithm} trains against the run's sampling copy of the policy, and the run keeps none"
+    )]
+    NoSamplingCopy {
+        /// The algorithm.
+        algorithm: &'static str,
+    },
+
     /// A world was asked to score with no scorer.
     #[error("reward.scorers is empty: a sample scored by nothing would train on 0")]
     NoScorer,

@@ -5,7 +5,7 @@
 //! `config.resolved.toml` (the world's base model, the adapter the config names), loads the
 //! checkpoint's trainable weights into it ([`CheckpointStore::load_weights`]: every file's hash
 //! verified, nothing written; a run with `[ema]` exports its EMA copy,
-//! [`CheckpointStore::load_ema`]) and hands it to the world ([`World::export_policy`]), which writes
+//! [`CheckpointStore::load_copy`]) and hands it to the world ([`World::export_policy`]), which writes
 //! one of the [`ExportForm`]s:
 //!
 //! * [`ExportForm::Peft`]: a PEFT adapter directory (`adapter_config.json`,
@@ -407,7 +407,8 @@ impl<B: AutodiffBackend> WorldJob<B> for ExportJob<'_, B> {
         )?;
         // a run with [ema] hands out its EMA copy (the weights its evaluations sampled with)
         let policy = if self.cfg.ema.is_some() {
-            self.store.load_ema::<B, _>(self.checkpoint, policy)?
+            self.store
+                .load_copy::<B, _>(self.checkpoint, crate::checkpoint::EMA_FILE, policy)?
         } else {
             policy
         };

@@ -50,11 +50,14 @@ pub mod checkpoint;
 pub mod clip;
 pub mod config;
 pub mod dispatch;
+pub mod dpo;
 pub mod ema;
 mod error;
 pub mod export;
+mod forward;
 pub mod lr;
 pub mod monitor;
+pub mod nft;
 pub mod prompt_files;
 pub mod qwen_image_world;
 mod rng;
@@ -70,7 +73,7 @@ pub mod transformer_policy;
 pub mod workers;
 pub mod world;
 
-pub use algorithm::{Algorithm, FlowGrpo, Recording};
+pub use algorithm::{Algorithm, FlowGrpo, RatioObjective, Recording};
 pub use awm::Awm;
 pub use checkpoint::{
     CheckpointStore, CommittedCheckpoint, CommittedFile, Resume, Resumed, SavedCheckpoint,
@@ -84,6 +87,7 @@ pub use config::{
     Preflight, PreflightProblem, PreflightWarning, ProgressMode, RecipeName, SchedulerSource,
     ScorerSpec, SdeKind, SolverKind, StorageKind, TrainConfig, Trainable, TrainableMode,
 };
+pub use dpo::Dpo;
 pub use error::{CheckpointProblem, DrawingProblem, TrainerError};
 pub use lr::{LrDecay, LrSchedule, LrScheduler};
 pub use monitor::{
@@ -91,6 +95,7 @@ pub use monitor::{
     Progress, Rgb, Series, caption_height, crc32c, masked_crc32c, names, plot_curves, read_events,
     read_jsonl, sample_grid, series, upscale, write_png, write_reward_curve,
 };
+pub use nft::Nft;
 pub use rng::TrainerRng;
 pub use run::{EvalReport, EvalSummary, RolloutBatch, Run, RunSummary, TrainContext, TrainReport};
 pub use signal::StopFlag;

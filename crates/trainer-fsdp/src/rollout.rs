@@ -31,12 +31,23 @@ use crate::error::TrainerError;
 pub struct SamplerSpec {
     /// `steps + 1` sigmas ending at 0 (`schedule::Sigmas::as_slice`).
     pub sigmas: Vec<f32>,
-    /// The kernel of the trained (stochastic) steps.
-    pub kernel: Kernel,
+    /// The kernel of the trained (stochastic) steps; `None` for deterministic rollouts, whose
+    /// every step runs the solver (a trained step is then an error).
+    pub kernel: Option<Kernel>,
     /// The solver of the other steps.
     pub solver: OdeSolver,
     /// The precision the trajectory stores latents at.
     pub storage: StorageDtype,
+}
+
+impl SamplerSpec {
+    /// The kernel of the trained steps.
+    ///
+    /// # Errors
+    /// [`TrainerError::NoKernel`] for a deterministic sampler.
+    pub fn kernel(&self) -> Result<&Kernel, TrainerError> {
+        self.kernel.as_ref().ok_or(TrainerError::NoKernel)
+    }
 }
 
 /// What a rollout of one batch returns.
@@ -107,7 +118,7 @@ where
             }
             let v = model.velocity(x.clone(), sigma_t, cond);
             let at = StepSigmas::from_schedule(&spec.sigmas, i)?.into();
-            let out = spec.kernel.sample(&at, v, x, noise(i)?, spec.storage)?;
+            let out = spec.kernel()?.sample(&at, v, x, noise(i)?, spec.storage)?;
             log_probs.push(out.log_prob);
             x = out.prev_sample;
             latents.push((i + 1, x.clone()));
@@ -372,11 +383,11 @@ where
         let at = sg.into();
         let rows = |t: &Tensor<Bx, 3>| t.clone().narrow(0, s * n, n);
         // the stored latents are exact storage-precision values: no second round trip
-        let out = spec
-            .kernel
-            .replay(&at, rows(&v), rows(&x), rows(&prev), StorageDtype::Native)?;
+        let out =
+            spec.kernel()?
+                .replay(&at, rows(&v), rows(&x), rows(&prev), StorageDtype::Native)?;
         if let Some(v_ref) = &v_ref {
-            let out_ref = spec.kernel.replay(
+            let out_ref = spec.kernel()?.replay(
                 &at,
                 rows(v_ref),
                 rows(&x),

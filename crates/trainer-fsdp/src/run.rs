@@ -53,9 +53,9 @@ use trajectory::{
 };
 
 use crate::algorithm::{Algorithm, Recording};
-use crate::checkpoint::{CheckpointStore, TrainerState};
+use crate::checkpoint::{CheckpointStore, EMA_FILE, SAMPLER_FILE, TrainerState};
 use crate::config::{CheckpointFailurePolicy, Preflight, TrainConfig};
-use crate::ema::Ema;
+use crate::ema::{Ema, blend};
 use crate::error::{CheckpointProblem, DrawingProblem, TrainerError, io_err};
 use crate::monitor::{
     Metrics, Monitor, Progress, names, sample_grid, upscale, write_png, write_reward_curve,
@@ -161,7 +161,8 @@ impl EvalReport {
 pub struct TrainReport<D> {
     /// One report per update.
     pub updates: Vec<UpdateReport<D>>,
-    /// The algorithm's metrics of what it froze (FlowGRPO: `train/logp_parity_max_abs`).
+    /// The algorithm's metrics of what it froze (FlowGRPO: `train/logp_parity_max_abs`), and
+    /// the sampling copy's soft update (`train/sampler_decay`).
     pub frozen: Metrics,
 }
 
@@ -221,6 +222,9 @@ pub struct TrainContext<'a, B: AutodiffBackend, W: World<B>> {
     /// The EMA copy of the policy, when the run keeps one (`[ema]`), as of the start of the
     /// rollout's updates.
     pub ema: Option<&'a W::Policy>,
+    /// The sampling copy of the policy that sampled the rollout, when the algorithm keeps one
+    /// ([`Algorithm::sampling_copy`]).
+    pub sampling_copy: Option<&'a W::Policy>,
 }
 
 type Optim<B, M> = PolicyOptimizer<B, M, AdamWOptimizer<B, M>>;
@@ -242,6 +246,8 @@ where
     model: Option<W::Policy>,
     /// The EMA copy of the policy (`[ema]`).
     ema: Option<Ema<W::Policy>>,
+    /// The sampling copy of the policy ([`Algorithm::sampling_copy`]).
+    sampler: Option<W::Policy>,
     optimizer: Optim<B, W::Policy>,
     contract: Option<AdapterContract>,
     spec: SamplerSpec,
@@ -338,6 +344,7 @@ where
         let mut cursor = None;
         let mut checkpoint_failures = 0;
         let mut ema = pre.ema.map(|settings| Ema::new(model.clone(), settings));
+        let mut sampler = algorithm.sampling_copy().map(|_| model.clone());
         match prepared.start {
             StartFrom::Scratch => {
                 if cfg.checkpoint.resume {
@@ -364,23 +371,32 @@ where
                     .and_then(|r| {
                         let restored_ema = match ema.take() {
                             Some(e) => Some(Ema::new(
-                                store.load_ema::<B, _>(&checkpoint, r.model.clone())?,
+                                store.load_copy::<B, _>(&checkpoint, EMA_FILE, r.model.clone())?,
                                 e.settings,
                             )),
+                            None => None,
+                        };
+                        let restored_sampler = match sampler.take() {
+                            Some(_) => Some(store.load_copy::<B, _>(
+                                &checkpoint,
+                                SAMPLER_FILE,
+                                r.model.clone(),
+                            )?),
                             None => None,
                         };
                         // the readable copy holds what the run hands out: the EMA if any
                         let handed_out = restored_ema.as_ref().map_or(&r.model, |e| &e.model);
                         check_readable_copy(&world, handed_out, &checkpoint.dir)?;
-                        Ok((r, restored_ema))
+                        Ok((r, restored_ema, restored_sampler))
                     })
                     .map_err(|cause| TrainerError::ResumeFailed {
                         dir: checkpoint.dir.clone(),
                         older,
                         cause: Box::new(cause),
                     })?;
-                let (r, restored_ema) = r;
+                let (r, restored_ema, restored_sampler) = r;
                 ema = restored_ema;
+                sampler = restored_sampler;
                 Monitor::check_resume(
                     run_dir,
                     r.state.metrics_cursor,
@@ -412,10 +428,15 @@ where
         let monitor = Monitor::open(run_dir, cursor, cfg.monitor.jsonl, cfg.monitor.tensorboard)?;
         let spec = SamplerSpec {
             sigmas: pre.schedule.sigmas.as_slice().to_vec(),
-            kernel: match pre.sde {
-                schedule::SdeType::FlowSde => Kernel::flow_sde(cfg.sampling.eta as f32)?,
-                schedule::SdeType::Dance => Kernel::dance(cfg.sampling.eta as f32)?,
-                schedule::SdeType::Cps => Kernel::cps(cfg.sampling.eta as f32)?,
+            // eta 0 (preflight allows it only for ODE rollouts): every step runs the solver
+            kernel: if cfg.sampling.eta == 0.0 {
+                None
+            } else {
+                Some(match pre.sde {
+                    schedule::SdeType::FlowSde => Kernel::flow_sde(cfg.sampling.eta as f32)?,
+                    schedule::SdeType::Dance => Kernel::dance(cfg.sampling.eta as f32)?,
+                    schedule::SdeType::Cps => Kernel::cps(cfg.sampling.eta as f32)?,
+                })
             },
             solver: cfg.sampling.solver.solver(),
             storage: cfg.sampling.storage_dtype.dtype(),
@@ -429,6 +450,7 @@ where
             workers,
             model: Some(model),
             ema,
+            sampler,
             optimizer,
             contract,
             spec,
@@ -468,6 +490,11 @@ where
     /// files and exports hold — the EMA copy under `[ema]`, else the policy.
     pub fn handed_out(&self) -> &W::Policy {
         self.ema_model().unwrap_or_else(|| self.model())
+    }
+
+    /// The algorithm.
+    pub fn algorithm(&self) -> &A {
+        &self.algorithm
     }
 
     /// The world.
@@ -512,10 +539,21 @@ where
         rollout_id: u64,
         prompts: &[String],
     ) -> Result<RolloutBatch<W::Sample>, TrainerError> {
-        let model = self.model().valid();
+        // the algorithm's sampling copy, else the policy
+        let model = self
+            .sampler
+            .as_ref()
+            .unwrap_or_else(|| self.model())
+            .valid();
         let g = self.cfg.rollout.group_size;
         let dev = &self.device;
+        let recording = self.algorithm.recording();
         let trained = self.pre.plan.steps(PlanQuery::rollout(rollout_id))?;
+        // a deterministic rollout trains its steps as timesteps of the forward process
+        let stochastic = match recording {
+            Recording::OdeEndpoints => SdeSteps::new([]),
+            _ => trained.clone(),
+        };
         let retention = Retention::keep_last(self.cfg.artifacts.retention_rollouts);
         self.layout
             .begin_rollout(Split::Train, rollout_id, retention)?;
@@ -566,7 +604,7 @@ where
             &cond,
             x_t,
             &self.spec,
-            &trained,
+            &stochastic,
             self.workers.host_threads(),
             |step, rows| {
                 // a stop request ends the sampling at the next trained step
@@ -588,7 +626,10 @@ where
         // one sidecar per group (the conditioning stored as the sampler saw it)
         let fingerprint = sampling_fingerprint(
             &SamplingFingerprint {
-                kernel: format!("{:?}", self.spec.kernel),
+                kernel: match &self.spec.kernel {
+                    Some(k) => format!("{k:?}"),
+                    None => "none (deterministic rollout)".into(),
+                },
                 solver: self.cfg.sampling.solver.as_str(),
                 storage: format!("{:?}", self.spec.storage),
                 eta: self.cfg.sampling.eta,
@@ -620,7 +661,7 @@ where
                     height: self.cfg.sampling.height,
                     width: self.cfg.sampling.width,
                     sigmas: self.spec.sigmas.clone(),
-                    sde_indices: trained.as_slice().to_vec(),
+                    sde_indices: stochastic.as_slice().to_vec(),
                     storage: self.spec.storage,
                     sampling_fingerprint: fingerprint.clone(),
                     weight_manifest_hash: self.weight_hash.clone(),
@@ -635,13 +676,18 @@ where
                 },
                 conditions,
                 tracks: {
-                    let tracks = Tracks::from_rollout(&latents, &log_probs, self.spec.storage)?;
-                    match self.algorithm.recording() {
-                        Recording::SdeTransitions => tracks,
-                        Recording::SdeTransitionsAndEndpoints => tracks.with_endpoint(
-                            out.final_latents.clone().slice([rows.clone()]),
-                            self.spec.storage,
-                        )?,
+                    let endpoint = || out.final_latents.clone().slice([rows.clone()]);
+                    match recording {
+                        Recording::SdeTransitions => {
+                            Tracks::from_rollout(&latents, &log_probs, self.spec.storage)?
+                        }
+                        Recording::SdeTransitionsAndEndpoints => {
+                            Tracks::from_rollout(&latents, &log_probs, self.spec.storage)?
+                                .with_endpoint(endpoint(), self.spec.storage)?
+                        }
+                        Recording::OdeEndpoints => {
+                            Tracks::endpoint_only(endpoint(), self.spec.storage)?
+                        }
                     }
                 },
             };
@@ -727,6 +773,7 @@ where
             optimizer,
             model,
             ema,
+            sampler,
             device,
             stop,
             ..
@@ -745,6 +792,7 @@ where
             device: &*device,
             threads: workers.host_threads(),
             ema: ema_at_start.as_ref(),
+            sampling_copy: sampler.as_ref(),
         };
         let (frozen, frozen_metrics) =
             algorithm.freeze(&ctx, model.as_ref().expect("model present"))?;
@@ -773,6 +821,12 @@ where
             }
             *model = Some(m);
             reports.push(report);
+        }
+        let mut frozen_metrics = frozen_metrics;
+        if let (Some(copy), Some(soft)) = (sampler.as_mut(), algorithm.sampling_copy()) {
+            let eta = soft.decay(batch.rollout_id);
+            *copy = blend::<B, _>(copy.clone(), model.as_ref().expect("model present"), eta);
+            frozen_metrics.insert(names::TRAIN_SAMPLER_DECAY.into(), eta);
         }
         Ok(TrainReport {
             updates: reports,
@@ -854,9 +908,16 @@ where
         state.metrics_cursor = self.monitor.cursor();
         state.checkpoint_failures = self.checkpoint_failures;
         let readable = self.world.checkpoint_files(self.handed_out())?;
+        let mut copies: Vec<(&'static str, &W::Policy)> = Vec::new();
+        if let Some(e) = self.ema_model() {
+            copies.push((EMA_FILE, e));
+        }
+        if let Some(s) = &self.sampler {
+            copies.push((SAMPLER_FILE, s));
+        }
         self.store.save_all(
             self.model(),
-            self.ema_model(),
+            &copies,
             self.optimizer.optimizer(),
             &state,
             &self.rng,
@@ -937,6 +998,7 @@ where
             let rng_before = self.rng.clone();
             let model_before = self.model().clone();
             let ema_before = self.ema.clone();
+            let sampler_before = self.sampler.clone();
             let optimizer_before = self.optimizer.clone();
             let attempt = (|| {
                 let prompts = self
@@ -964,6 +1026,7 @@ where
                     self.rng = rng_before;
                     self.model = Some(model_before);
                     self.ema = ema_before;
+                    self.sampler = sampler_before;
                     self.optimizer = optimizer_before;
                     summary.stopped = true;
                     match id.checked_sub(1) {
@@ -1024,21 +1087,20 @@ where
                 self.write_reward_curve(&reward_metric)?;
             }
             progress.inc(1);
+            // the ratio statistics of a clipped objective, when the algorithm has them
+            let ratio = match (
+                metrics.get(names::TRAIN_CLIP_FRACTION),
+                metrics.get(names::TRAIN_RATIO_MIN),
+                metrics.get(names::TRAIN_RATIO_MAX),
+            ) {
+                (Some(clip), Some(lo), Some(hi)) => {
+                    format!("  clip {clip:.2}  ratio [{lo:.4}, {hi:.4}]")
+                }
+                _ => String::new(),
+            };
             println!(
-                "rollout {id:>3}: reward {reward_mean:.3}  loss {:.2e}  clip {:.2}  ratio [{:.4}, {:.4}]  {:.1}s rollout / {:.1}s train",
+                "rollout {id:>3}: reward {reward_mean:.3}  loss {:.2e}{ratio}  {:.1}s rollout / {:.1}s train",
                 metrics.get(names::TRAIN_LOSS).copied().unwrap_or(f64::NAN),
-                metrics
-                    .get(names::TRAIN_CLIP_FRACTION)
-                    .copied()
-                    .unwrap_or(f64::NAN),
-                metrics
-                    .get(names::TRAIN_RATIO_MIN)
-                    .copied()
-                    .unwrap_or(f64::NAN),
-                metrics
-                    .get(names::TRAIN_RATIO_MAX)
-                    .copied()
-                    .unwrap_or(f64::NAN),
                 t_rollout,
                 t_train,
             );

@@ -60,10 +60,12 @@ pub const FREE_TO_CHANGE: &[&str] = &[
 /// Config keys added after run directories were first written, with the value a resolved
 /// config that predates each one ran with. A stored config without the key is compared as if
 /// it had that value, so a resume of an older run is not refused for a key it could not have
-/// written (and a change away from that value is still a difference).
-pub const ADDED_KEYS: &[(&str, &str, &str)] = &[
-    ("algorithm", "anchor", "replay"),
-    ("sampling", "schedule_compat", "diffusers_0_35"),
+/// written (and a change away from that value is still a difference). The fourth field limits
+/// a key to sections whose `kind` is the one named (FlowGRPO's `anchor` is no key of the other
+/// algorithms).
+pub const ADDED_KEYS: &[(&str, &str, &str, Option<&str>)] = &[
+    ("algorithm", "anchor", "replay", Some("flow_grpo")),
+    ("sampling", "schedule_compat", "diffusers_0_35", None),
 ];
 
 /// Who holds (or held) a run directory's lock.
@@ -562,10 +564,14 @@ fn stored_differences(
             origin: path.to_path_buf(),
             source: Box::new(source),
         })?;
-    for (section, key, value) in ADDED_KEYS {
+    for (section, key, value, kind) in ADDED_KEYS {
         if let Some(toml::Value::Table(t)) = stored.get_mut(*section) {
-            t.entry(*key)
-                .or_insert_with(|| toml::Value::String((*value).to_string()));
+            let applies =
+                kind.is_none_or(|k| t.get("kind").and_then(toml::Value::as_str) == Some(k));
+            if applies {
+                t.entry(*key)
+                    .or_insert_with(|| toml::Value::String((*value).to_string()));
+            }
         }
     }
     let new: toml::Value =

@@ -343,6 +343,176 @@ fn the_ema_is_evaluated_checkpointed_and_resumed_exactly() {
     );
 }
 
+/// DiffusionNFT end to end: deterministic rollouts from the sampling copy store endpoints
+/// alone (no SDE step in the sidecars), the held-out reward rises, the checkpoints keep the
+/// sampling copy (`sampler.mpk`), and a resumed run ends bit for bit where an uninterrupted
+/// one does.
+fn nft_trains_on_deterministic_rollouts() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut run = start_nft(dir.path(), ROLLOUTS, &[]);
+    let summary = run.run(&StopFlag::new()).unwrap();
+    let (a, b) = (summary.initial_eval.unwrap(), summary.final_eval.unwrap());
+    assert!(
+        b.reward > a.reward + 0.3 && b.reward - a.reward > 5.0 * b.stderr.max(a.stderr),
+        "NFT: held-out closeness {:.3} ± {:.3} -> {:.3} ± {:.3} did not rise",
+        a.reward,
+        a.stderr,
+        b.reward,
+        b.stderr
+    );
+    let live = delta(&run);
+    let mean = live.iter().sum::<f32>() / live.len() as f32;
+    assert!(mean > 0.15, "NFT: the offset did not move: {live:?}");
+    let records = read_jsonl(&dir.path().join("run").join("metrics.jsonl")).unwrap();
+    let first = records
+        .iter()
+        .find(|r| r.metrics.contains_key(names::TRAIN_NFT_OPTIMALITY_MEAN))
+        .expect("NFT metrics logged");
+    for key in [
+        names::TRAIN_NFT_POSITIVE_ERROR,
+        names::TRAIN_NFT_NEGATIVE_ERROR,
+        names::TRAIN_KL_REF,
+        names::TRAIN_SAMPLER_DECAY,
+    ] {
+        assert!(
+            first
+                .metrics
+                .get(key)
+                .copied()
+                .flatten()
+                .is_some_and(f64::is_finite),
+            "{key}: {:?}",
+            first.metrics.get(key)
+        );
+    }
+    let sidecars: Vec<_> = walk(&dir.path().join("artifacts"))
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
+        .collect();
+    assert!(!sidecars.is_empty());
+    for p in &sidecars {
+        let t = trajectory::read_sidecar(p).unwrap();
+        assert!(t.common.sde_indices.is_empty() && t.tracks.log_probs.is_empty());
+        assert!(t.tracks.endpoint.is_some(), "{}", p.display());
+    }
+    assert!(
+        walk(&dir.path().join("ckpt"))
+            .iter()
+            .any(|p| p.file_name().is_some_and(|n| n == "sampler.mpk"))
+    );
+    // stopped after 3 rollouts, then resumed: the same end, bit for bit
+    let parts = tempfile::tempdir().unwrap();
+    start_nft(parts.path(), 3, &[])
+        .run(&StopFlag::new())
+        .unwrap();
+    let mut resumed = start_nft(parts.path(), ROLLOUTS, &["checkpoint.resume=true"]);
+    assert_eq!(resumed.next_rollout(), 3);
+    resumed.run(&StopFlag::new()).unwrap();
+    let bits = |d: Vec<f32>| d.into_iter().map(f32::to_bits).collect::<Vec<_>>();
+    assert_eq!(bits(delta(&resumed)), bits(live));
+    println!(
+        "test nft_trains_on_deterministic_rollouts ... ok (held-out closeness {:.3} ± {:.3} -> {:.3} ± {:.3}, offset mean {mean:.3}; resumed bit for bit)",
+        a.reward, a.stderr, b.reward, b.stderr
+    );
+}
+
+/// Online DPO end to end: each group's best and worst sample pair up, the held-out reward
+/// rises, the implicit accuracy is logged, and a group size of 1 or micro-batches that split
+/// groups are refused by preflight.
+fn dpo_trains_on_each_groups_best_and_worst() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut run = start_dpo(dir.path(), ROLLOUTS, &[]);
+    let summary = run.run(&StopFlag::new()).unwrap();
+    let (a, b) = (summary.initial_eval.unwrap(), summary.final_eval.unwrap());
+    assert!(
+        b.reward > a.reward + 0.3 && b.reward - a.reward > 5.0 * b.stderr.max(a.stderr),
+        "DPO: held-out closeness {:.3} ± {:.3} -> {:.3} ± {:.3} did not rise",
+        a.reward,
+        a.stderr,
+        b.reward,
+        b.stderr
+    );
+    let d = delta(&run);
+    let mean = d.iter().sum::<f32>() / d.len() as f32;
+    assert!(mean > 0.15, "DPO: the offset did not move: {d:?}");
+    let records = read_jsonl(&dir.path().join("run").join("metrics.jsonl")).unwrap();
+    let accuracy: Vec<f64> = records
+        .iter()
+        .filter_map(|r| {
+            r.metrics
+                .get(names::TRAIN_DPO_IMPLICIT_ACCURACY)
+                .copied()
+                .flatten()
+        })
+        .collect();
+    assert_eq!(accuracy.len() as u64, ROLLOUTS);
+    assert!(
+        accuracy.iter().all(|a| (0.0..=1.0).contains(a)),
+        "{accuracy:?}"
+    );
+    let pairs = records
+        .iter()
+        .find_map(|r| r.metrics.get(names::TRAIN_DPO_PAIRS).copied().flatten())
+        .unwrap();
+    // 4 groups of 4 over 2 updates, 2 timesteps: 2 pairs x 2 timesteps per update
+    assert_eq!(pairs, 4.0);
+    let none = tempfile::tempdir().unwrap();
+    for (extra, key) in [
+        ("rollout.group_size=1", "rollout.group_size"),
+        ("rollout.micro_batch_size=2", "rollout.micro_batch_size"),
+    ] {
+        let err = config(
+            none.path(),
+            1,
+            &["algorithm={ kind = \"dpo\" }", "sampling.eta=0.0", extra],
+        )
+        .preflight()
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains(key), "{extra}: {err}");
+    }
+    println!(
+        "test dpo_trains_on_each_groups_best_and_worst ... ok (held-out closeness {:.3} ± {:.3} -> {:.3} ± {:.3}, offset mean {mean:.3}, implicit accuracy {:.2} -> {:.2})",
+        a.reward,
+        a.stderr,
+        b.reward,
+        b.stderr,
+        accuracy[0],
+        accuracy[accuracy.len() - 1]
+    );
+}
+
+/// DPOK through FlowGRPO's replay and anchor: the clamped ratio with the release's reward
+/// weight and KL to the reference; the held-out reward rises and the KL is logged.
+fn dpok_trains_with_its_clamped_ratio() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut run = start(dir.path(), ROLLOUTS, &["algorithm={ kind = \"dpok\" }"]);
+    assert_eq!(
+        trainer_fsdp::Algorithm::<Train, GaussianWorld>::name(run.algorithm()),
+        "DPOK"
+    );
+    let summary = run.run(&StopFlag::new()).unwrap();
+    let (a, b) = (summary.initial_eval.unwrap(), summary.final_eval.unwrap());
+    assert!(
+        b.reward > a.reward + 0.3 && b.reward - a.reward > 5.0 * b.stderr.max(a.stderr),
+        "DPOK: held-out closeness {:.3} ± {:.3} -> {:.3} ± {:.3} did not rise",
+        a.reward,
+        a.stderr,
+        b.reward,
+        b.stderr
+    );
+    let records = read_jsonl(&dir.path().join("run").join("metrics.jsonl")).unwrap();
+    let kls = records
+        .iter()
+        .filter_map(|r| r.metrics.get(names::TRAIN_KL_REF).copied().flatten())
+        .count();
+    assert_eq!(kls as u64, ROLLOUTS);
+    println!(
+        "test dpok_trains_with_its_clamped_ratio ... ok (held-out closeness {:.3} ± {:.3} -> {:.3} ± {:.3})",
+        a.reward, a.stderr, b.reward, b.stderr
+    );
+}
+
 /// `rollout.shared_initial_noise`: a group's candidates leave the deterministic steps before
 /// the first trained one at the same latent (one `x_T` per group) and part at the first
 /// trained step (their own noise); without it they start apart. Groups differ either way.
@@ -526,14 +696,56 @@ fn a_second_process_on_a_locked_directory_is_refused() {
     println!("test gaussian_loop a second process on a locked run directory ... ok ({err})");
 }
 
+/// Every test, in order; `GAUSSIAN_ONLY=<part of a name>` runs the matching ones alone.
 fn parent() {
-    the_reward_rises();
-    the_rollout_anchor_trains_too();
-    awm_trains_on_clean_endpoints();
-    kl_to_the_reference_holds_the_policy_near_the_base();
-    the_ema_is_evaluated_checkpointed_and_resumed_exactly();
-    shared_initial_noise_starts_each_group_from_one_latent();
-    sigkill_and_resume();
-    a_second_process_on_a_locked_directory_is_refused();
-    kill_before_every_durable_step();
+    let tests: [(&str, fn()); 12] = [
+        ("the_reward_rises", the_reward_rises),
+        (
+            "the_rollout_anchor_trains_too",
+            the_rollout_anchor_trains_too,
+        ),
+        (
+            "awm_trains_on_clean_endpoints",
+            awm_trains_on_clean_endpoints,
+        ),
+        (
+            "kl_to_the_reference_holds_the_policy_near_the_base",
+            kl_to_the_reference_holds_the_policy_near_the_base,
+        ),
+        (
+            "the_ema_is_evaluated_checkpointed_and_resumed_exactly",
+            the_ema_is_evaluated_checkpointed_and_resumed_exactly,
+        ),
+        (
+            "nft_trains_on_deterministic_rollouts",
+            nft_trains_on_deterministic_rollouts,
+        ),
+        (
+            "dpok_trains_with_its_clamped_ratio",
+            dpok_trains_with_its_clamped_ratio,
+        ),
+        (
+            "dpo_trains_on_each_groups_best_and_worst",
+            dpo_trains_on_each_groups_best_and_worst,
+        ),
+        (
+            "shared_initial_noise_starts_each_group_from_one_latent",
+            shared_initial_noise_starts_each_group_from_one_latent,
+        ),
+        ("sigkill_and_resume", sigkill_and_resume),
+        (
+            "a_second_process_on_a_locked_directory_is_refused",
+            a_second_process_on_a_locked_directory_is_refused,
+        ),
+        (
+            "kill_before_every_durable_step",
+            kill_before_every_durable_step,
+        ),
+    ];
+    let only = std::env::var("GAUSSIAN_ONLY").ok();
+    for (name, test) in tests {
+        if only.as_deref().is_none_or(|o| name.contains(o)) {
+            test();
+        }
+    }
 }

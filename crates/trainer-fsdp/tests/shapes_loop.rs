@@ -373,7 +373,7 @@ fn chunked_sampling_equals_one_batch() {
     let step_noise = normal(5 * 64 * 48);
     let spec = SamplerSpec {
         sigmas: vec![1.0, 0.75, 0.5, 0.25, 0.0],
-        kernel: sde_math::Kernel::flow_sde(0.7).unwrap(),
+        kernel: Some(sde_math::Kernel::flow_sde(0.7).unwrap()),
         solver: sde_math::solvers::OdeSolver::Euler,
         storage: sde_math::StorageDtype::Bf16,
     };

@@ -341,7 +341,7 @@ pub enum TrajectoryError {
 pub enum RecordProblem {
     /// The group has no candidates.
     NoCandidates,
-    /// No SDE step is trained: nothing to replay.
+    /// No SDE step is trained and there is no endpoint: nothing to train on.
     NoTrainedSteps,
     /// The sigma schedule is not strictly decreasing, within `[0, 1]`, finite, with at least
     /// two entries.
@@ -443,7 +443,10 @@ impl fmt::Display for RecordProblem {
         match self {
             RecordProblem::NoCandidates => write!(f, "the group has no candidates"),
             RecordProblem::NoTrainedSteps => {
-                write!(f, "no SDE step is trained (sde_indices is empty)")
+                write!(
+                    f,
+                    "no SDE step is trained (sde_indices is empty) and there is no endpoint to train on"
+                )
             }
             RecordProblem::Schedule { sigmas, reason } => {
                 write!(f, "sigma schedule {sigmas:?} {reason}")

@@ -265,6 +265,43 @@ impl Tracks {
     }
 }
 
+impl Tracks {
+    /// The tracks of a deterministic (ODE) rollout: no trained SDE step, so no latents
+    /// (`[candidates, 0, ...latent]`) and no log-probs, and every candidate's clean endpoint
+    /// `x0` (`[candidates, ...latent]`, rounded to `storage`) — what an objective on the
+    /// forward process trains on (DiffusionNFT samples this way). The record's `sde_indices`
+    /// must then be empty.
+    ///
+    /// # Errors
+    /// [`TrajectoryError::NonFinite`]; [`TrajectoryError::InvalidRecord`] for an endpoint of
+    /// rank < 2.
+    pub fn endpoint_only<B: Backend, const D: usize>(
+        endpoint: Tensor<B, D>,
+        storage: StorageDtype,
+    ) -> Result<Self, TrajectoryError> {
+        let dims = endpoint.dims().to_vec();
+        if dims.len() < 2 {
+            return Err(TrajectoryError::InvalidRecord {
+                path: None,
+                problem: RecordProblem::Shape {
+                    field: "tracks.endpoint",
+                    shape: dims,
+                    expected: "[candidates, ...latent] (latent rank >= 1)".into(),
+                },
+            });
+        }
+        let mut empty_shape = vec![dims[0], 0];
+        empty_shape.extend_from_slice(&dims[1..]);
+        let latents = StoredTensor::from_f32("tracks.latents", &[], empty_shape, storage)?;
+        Self {
+            latents,
+            log_probs: Vec::new(),
+            endpoint: None,
+        }
+        .with_endpoint(endpoint, storage)
+    }
+}
+
 /// Everything needed to replay a group's trained steps: a per-group rollout record.
 ///
 /// Written as one safetensors sidecar per group ([`write_sidecar`](crate::write_sidecar)) with
@@ -367,7 +404,8 @@ impl Trajectory {
         if c.sigmas.windows(2).any(|w| w[1] >= w[0]) {
             return Err(schedule("is not strictly decreasing"));
         }
-        if c.sde_indices.is_empty() {
+        // a deterministic rollout trains on its endpoints alone
+        if c.sde_indices.is_empty() && self.tracks.endpoint.is_none() {
             return Err(problem(RecordProblem::NoTrainedSteps));
         }
         let steps = c.num_steps();

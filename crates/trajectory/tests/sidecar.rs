@@ -752,3 +752,31 @@ fn clean_endpoints_round_trip_rounded_to_the_storage_precision() {
         .unwrap_err();
     assert!(err.to_string().contains("tracks.endpoint"), "{err}");
 }
+
+/// A deterministic (ODE) rollout's record: no trained SDE step, empty latents and log-probs,
+/// and the endpoints, which round-trip; without the endpoints such a record is refused.
+#[test]
+fn an_ode_rollout_record_holds_its_endpoints_alone() {
+    let traj = small(StorageDtype::Bf16);
+    let mut shape = vec![traj.num_candidates()];
+    shape.extend_from_slice(traj.tracks.latent_shape());
+    let n: usize = shape.iter().product();
+    let values: Vec<f32> = (0..n).map(|i| 0.5 - i as f32 / 256.0).collect();
+    let x0 = Tensor::<Flex, 1>::from_data(TensorData::new(values, [n]), &Default::default())
+        .reshape([shape[0], shape[1], shape[2]]);
+    let mut ode = traj.clone();
+    ode.common.sde_indices = Vec::new();
+    ode.tracks = Tracks::endpoint_only(x0, StorageDtype::Bf16).unwrap();
+    assert_eq!(
+        ode.tracks.latents.shape(),
+        &[shape[0], 0, shape[1], shape[2]]
+    );
+    assert_eq!(ode.tracks.latent_shape(), &shape[1..]);
+    ode.validate().unwrap();
+    let back = decode(&encode(&ode).unwrap(), Path::new("mem")).unwrap();
+    assert_eq!(back, ode);
+    let mut without = ode.clone();
+    without.tracks.endpoint = None;
+    let err = without.validate().unwrap_err().to_string();
+    assert!(err.contains("no endpoint"), "{err}");
+}

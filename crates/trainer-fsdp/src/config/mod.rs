@@ -17,11 +17,14 @@
 //!              sde_timestep_fraction (pool, indices and fraction optional)
 //! [rollout]    prompts_per_rollout, group_size, num_updates_per_batch, micro_batch_size,
 //!              shared_initial_noise
-//! [algorithm]  kind = "flow_grpo" | "awm", and the variant's keys — FlowGRPO: eps_clip,
+//! [algorithm]  kind = "flow_grpo" | "awm" | "nft" | "dpo" | "dpok", and the variant's keys — FlowGRPO: eps_clip,
 //!              eps_clip_high (optional), advantage_std_mode, kl_coef, anchor ("replay" |
 //!              "rollout", optional); AWM (all optional): eps_clip, eps_clip_high,
 //!              advantage_std_mode, advantage_limit, weighting ("uniform" | "huber"),
-//!              huber_power, kl_coef, ema_kl_coef
+//!              huber_power, kl_coef, ema_kl_coef; DiffusionNFT (all optional): beta,
+//!              advantage_std_mode, advantage_limit, soft_update ("ramp" |
+//!              "flat_then_ramp"), kl_coef; online DPO (optional): beta; DPOK (all
+//!              optional): eps_clip, reward_weight, kl_coef, advantage_std_mode, anchor
 //! [ema]        decay, warmup ("none" | "flow_grpo" | "linear"), ramp (with "linear"),
 //!              update_interval: the EMA of the trained weights that evaluations sample with
 //!              and checkpoints export                              (optional section)
@@ -535,6 +538,17 @@ pub enum AlgorithmSection {
     /// flow-matching surrogate of `log p(x0 | c)` on the rollout's clean endpoints
     /// ([`crate::Awm`]).
     Awm(AwmSection),
+    /// `kind = "nft"`: DiffusionNFT, the contrast of implicit positive and negative policies
+    /// on the forward process of deterministic rollouts from a soft-updated sampling copy
+    /// ([`crate::Nft`]); needs `sampling.eta = 0`.
+    Nft(NftSection),
+    /// `kind = "dpo"`: online Diffusion / Flow-DPO on each group's best and worst sample of
+    /// deterministic rollouts, against the reference policy ([`crate::Dpo`]); needs
+    /// `sampling.eta = 0`.
+    Dpo(DpoSection),
+    /// `kind = "dpok"`: DPOK's clamped-ratio policy gradient over the trained SDE steps, with
+    /// its reward weight and KL to the reference policy (FlowGRPO's replay and anchor).
+    Dpok(DpokSection),
 }
 
 impl AlgorithmSection {
@@ -543,6 +557,9 @@ impl AlgorithmSection {
         match self {
             AlgorithmSection::FlowGrpo(_) => "flow_grpo",
             AlgorithmSection::Awm(_) => "awm",
+            AlgorithmSection::Nft(_) => "nft",
+            AlgorithmSection::Dpo(_) => "dpo",
+            AlgorithmSection::Dpok(_) => "dpok",
         }
     }
 
@@ -551,6 +568,10 @@ impl AlgorithmSection {
         match self {
             AlgorithmSection::FlowGrpo(a) => a.advantage_std_mode,
             AlgorithmSection::Awm(a) => a.advantage_std_mode,
+            AlgorithmSection::Nft(a) => a.advantage_std_mode,
+            // the advantages only rank a group's samples: any positive divisor ranks alike
+            AlgorithmSection::Dpo(_) => AdvantageStdMode::Group,
+            AlgorithmSection::Dpok(a) => a.advantage_std_mode,
         }
     }
 }
@@ -623,6 +644,173 @@ impl Default for AwmSection {
             huber_power: None,
             kl_coef: 0.0,
             ema_kl_coef: 0.0,
+        }
+    }
+}
+
+/// DiffusionNFT's keys of `[algorithm]`; every key has a default (the release's), so
+/// `algorithm = { kind = "nft" }` is a complete section.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NftSection {
+    /// The guidance strength `β` of the implicit policies `v± = (1 ∓ β) v_old ± β v_θ`
+    /// (default 1.0, the release's; 0.1 for its OCR and multi-reward runs).
+    #[serde(default = "NftSection::default_beta")]
+    pub beta: f64,
+    /// The std divisor of the group-relative advantages (default `group`: the release's
+    /// per-prompt std).
+    #[serde(default = "NftSection::default_std_mode")]
+    pub advantage_std_mode: AdvantageStdMode,
+    /// The advantages are clipped to `±advantage_limit` and mapped onto the optimality
+    /// probability `r = clamp(1/2 + 1/2 · A / limit, 0, 1)` (default 5, the release's).
+    #[serde(default = "NftSection::default_advantage_limit")]
+    pub advantage_limit: f64,
+    /// The sampling copy's soft update `η_i` after rollout `i`: `"ramp"` (default, the
+    /// paper's `min(0.001 i, 0.5)`) or `"flat_then_ramp"` (the release's OCR schedule: 0 for
+    /// 75 rollouts, then `min(0.0075 (i - 75), 0.999)`).
+    #[serde(default)]
+    pub soft_update: SoftUpdateKind,
+    /// The weight of the velocity anchor on the reference policy (the policy with its LoRA
+    /// adapters off), `mean((v_θ - v_ref)^2)` (default 1e-4, the release's; 0 turns it off).
+    #[serde(default = "NftSection::default_kl_coef")]
+    pub kl_coef: f64,
+}
+
+impl NftSection {
+    fn default_beta() -> f64 {
+        1.0
+    }
+
+    fn default_std_mode() -> AdvantageStdMode {
+        AdvantageStdMode::Group
+    }
+
+    fn default_advantage_limit() -> f64 {
+        5.0
+    }
+
+    fn default_kl_coef() -> f64 {
+        1e-4
+    }
+}
+
+impl Default for NftSection {
+    fn default() -> Self {
+        Self {
+            beta: Self::default_beta(),
+            advantage_std_mode: Self::default_std_mode(),
+            advantage_limit: Self::default_advantage_limit(),
+            soft_update: SoftUpdateKind::default(),
+            kl_coef: Self::default_kl_coef(),
+        }
+    }
+}
+
+/// Online DPO's keys of `[algorithm]`; every key has a default (the release's), so
+/// `algorithm = { kind = "dpo" }` is a complete section.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DpoSection {
+    /// The inverse temperature `β` (default 5000, the release's: the paper folds the number
+    /// of timesteps into it).
+    #[serde(default = "DpoSection::default_beta")]
+    pub beta: f64,
+}
+
+impl DpoSection {
+    fn default_beta() -> f64 {
+        5000.0
+    }
+}
+
+impl Default for DpoSection {
+    fn default() -> Self {
+        Self {
+            beta: Self::default_beta(),
+        }
+    }
+}
+
+/// DPOK's keys of `[algorithm]`; every key has a default (the release's), so
+/// `algorithm = { kind = "dpok" }` is a complete section. The release's learned value baseline
+/// and its raw-reward advantages are not offered: the advantages are group-relative.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DpokSection {
+    /// The clamp band's half-width: the ratio is clamped to `[1 - eps_clip, 1 + eps_clip]`
+    /// (default 1e-4, the release's).
+    #[serde(default = "DpokSection::default_eps_clip")]
+    pub eps_clip: f64,
+    /// The reward weight `w` of `-w A clamp(r)` (default 100, the release's; its appendix
+    /// says 10).
+    #[serde(default = "DpokSection::default_reward_weight")]
+    pub reward_weight: f64,
+    /// The weight of the KL of every trained transition to the reference policy's (default
+    /// 0.01, the release's; flow_grpo's closed form, as FlowGRPO's `kl_coef`).
+    #[serde(default = "DpokSection::default_kl_coef")]
+    pub kl_coef: f64,
+    /// The std divisor of the group-relative advantages (default `group`).
+    #[serde(default = "DpokSection::default_std_mode")]
+    pub advantage_std_mode: AdvantageStdMode,
+    /// Where pi_old comes from (default `"replay"`).
+    #[serde(default)]
+    pub anchor: AnchorSource,
+}
+
+impl DpokSection {
+    fn default_eps_clip() -> f64 {
+        1e-4
+    }
+
+    fn default_reward_weight() -> f64 {
+        100.0
+    }
+
+    fn default_kl_coef() -> f64 {
+        0.01
+    }
+
+    fn default_std_mode() -> AdvantageStdMode {
+        AdvantageStdMode::Group
+    }
+}
+
+impl Default for DpokSection {
+    fn default() -> Self {
+        Self {
+            eps_clip: Self::default_eps_clip(),
+            reward_weight: Self::default_reward_weight(),
+            kl_coef: Self::default_kl_coef(),
+            advantage_std_mode: Self::default_std_mode(),
+            anchor: AnchorSource::default(),
+        }
+    }
+}
+
+impl AlgorithmSection {
+    /// Whether the objective trains on deterministic rollouts (`sampling.eta = 0`).
+    pub fn ode_rollouts(&self) -> bool {
+        matches!(self, AlgorithmSection::Nft(_) | AlgorithmSection::Dpo(_))
+    }
+}
+
+/// `[algorithm] soft_update` of DiffusionNFT.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SoftUpdateKind {
+    /// `min(0.001 i, 0.5)`.
+    #[default]
+    Ramp,
+    /// 0 for 75 rollouts, then `min(0.0075 (i - 75), 0.999)`.
+    FlatThenRamp,
+}
+
+impl SoftUpdateKind {
+    /// flow-grpo's schedule.
+    pub fn schedule(self) -> flow_grpo::SoftUpdate {
+        match self {
+            SoftUpdateKind::Ramp => flow_grpo::SoftUpdate::RAMP,
+            SoftUpdateKind::FlatThenRamp => flow_grpo::SoftUpdate::FLAT_THEN_RAMP,
         }
     }
 }

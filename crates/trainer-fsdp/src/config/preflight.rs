@@ -56,7 +56,16 @@ impl TrainConfig {
                 given: s.guidance_scale,
             });
         }
-        if !(s.eta.is_finite() && s.eta > 0.0) {
+        let ode_rollouts = self.algorithm.ode_rollouts();
+        let stochastic_eta = s.eta.is_finite() && s.eta > 0.0;
+        if ode_rollouts && s.eta != 0.0 {
+            p.push(PreflightProblem::OutOfRange {
+                key: "sampling.eta",
+                given: s.eta.to_string(),
+                allowed: "0 with algorithm.kind = \"nft\" or \"dpo\" (their rollouts are deterministic: every step \
+                          runs sampling.solver, and the trained steps are their training timesteps)",
+            });
+        } else if !ode_rollouts && !stochastic_eta {
             p.push(PreflightProblem::OutOfRange {
                 key: "sampling.eta",
                 given: s.eta.to_string(),
@@ -127,6 +136,23 @@ impl TrainConfig {
         // objective
         let algorithm = check_algorithm(&self.algorithm, &mut p);
         let ema = self.ema.as_ref().and_then(|e| check_ema(e, &mut p));
+        if let AlgorithmSection::Dpo(_) = &self.algorithm {
+            let r = &self.rollout;
+            if r.group_size < 2 {
+                p.push(PreflightProblem::OutOfRange {
+                    key: "rollout.group_size",
+                    given: r.group_size.to_string(),
+                    allowed: "at least 2 with algorithm.kind = \"dpo\" (a pair is a group's best and worst sample)",
+                });
+            } else if r.micro_batch_size == 0 || !r.micro_batch_size.is_multiple_of(r.group_size) {
+                p.push(PreflightProblem::OutOfRange {
+                    key: "rollout.micro_batch_size",
+                    given: r.micro_batch_size.to_string(),
+                    allowed: "a multiple of rollout.group_size with algorithm.kind = \"dpo\" (a micro-batch holds \
+                              whole groups, whose best and worst samples pair up)",
+                });
+            }
+        }
         if let AlgorithmSection::Awm(w) = &self.algorithm
             && w.ema_kl_coef != 0.0
             && self.ema.is_none()
@@ -654,6 +680,50 @@ fn check_algorithm(a: &AlgorithmSection, p: &mut Vec<PreflightProblem>) -> Optio
                 ema_kl_coef: ema_kl_coef?,
             })
         }
+        AlgorithmSection::Nft(n) => check_nft(n, p),
+        AlgorithmSection::Dpok(d) => {
+            let clip_range = check_clip_range(
+                d.eps_clip,
+                None,
+                false,
+                "a finite value in (0, 1) (the DPOK release uses 1e-4)",
+                p,
+            );
+            let reward_weight = if d.reward_weight.is_finite() && d.reward_weight > 0.0 {
+                Some(d.reward_weight)
+            } else {
+                p.push(PreflightProblem::OutOfRange {
+                    key: "algorithm.reward_weight",
+                    given: d.reward_weight.to_string(),
+                    allowed: "a finite value > 0 (the DPOK release uses 100)",
+                });
+                None
+            };
+            let kl_coef = check_kl_coef(
+                "algorithm.kl_coef",
+                d.kl_coef,
+                "a finite value >= 0 (the DPOK release uses 0.01)",
+                p,
+            );
+            Some(AlgorithmPlan::Dpok {
+                clip_range: clip_range?,
+                reward_weight: reward_weight?,
+                kl_coef: kl_coef?,
+                anchor: d.anchor,
+            })
+        }
+        AlgorithmSection::Dpo(d) => {
+            if d.beta.is_finite() && d.beta > 0.0 {
+                Some(AlgorithmPlan::Dpo { beta: d.beta })
+            } else {
+                p.push(PreflightProblem::OutOfRange {
+                    key: "algorithm.beta",
+                    given: d.beta.to_string(),
+                    allowed: "a finite value > 0 (the DPO release uses 5000)",
+                });
+                None
+            }
+        }
     }
 }
 
@@ -721,6 +791,37 @@ fn check_kl_coef(
         });
         None
     }
+}
+
+/// DiffusionNFT's `[algorithm]`, validated.
+fn check_nft(n: &NftSection, p: &mut Vec<PreflightProblem>) -> Option<AlgorithmPlan> {
+    let before = p.len();
+    if !(n.beta.is_finite() && n.beta > 0.0) {
+        p.push(PreflightProblem::OutOfRange {
+            key: "algorithm.beta",
+            given: n.beta.to_string(),
+            allowed: "a finite value > 0 (the DiffusionNFT release uses 1.0, or 0.1)",
+        });
+    }
+    if !(n.advantage_limit.is_finite() && n.advantage_limit > 0.0) {
+        p.push(PreflightProblem::OutOfRange {
+            key: "algorithm.advantage_limit",
+            given: n.advantage_limit.to_string(),
+            allowed: "a finite value > 0 (the DiffusionNFT release uses 5)",
+        });
+    }
+    let kl_coef = check_kl_coef(
+        "algorithm.kl_coef",
+        n.kl_coef,
+        "a finite value >= 0 (the DiffusionNFT release uses 1e-4)",
+        p,
+    );
+    (p.len() == before).then_some(AlgorithmPlan::Nft {
+        beta: n.beta,
+        advantage_limit: n.advantage_limit,
+        soft_update: n.soft_update.schedule(),
+        kl_coef: kl_coef?,
+    })
 }
 
 /// A clip range from `eps_clip` (in `(0, 1)`, or `(0, 1]` with `low_may_be_one`) and the
@@ -934,6 +1035,33 @@ pub enum AlgorithmPlan {
         kl_coef: f64,
         /// The weight of the velocity KL to the EMA copy.
         ema_kl_coef: f64,
+    },
+    /// DPOK.
+    Dpok {
+        /// The clamp band.
+        clip_range: ClipRange,
+        /// The reward weight.
+        reward_weight: f64,
+        /// The weight of the transitions' KL to the reference policy.
+        kl_coef: f64,
+        /// Where pi_old comes from.
+        anchor: AnchorSource,
+    },
+    /// Online Diffusion / Flow-DPO.
+    Dpo {
+        /// The inverse temperature.
+        beta: f64,
+    },
+    /// DiffusionNFT.
+    Nft {
+        /// The implicit policies' guidance strength.
+        beta: f64,
+        /// The advantage clip of the optimality mapping.
+        advantage_limit: f64,
+        /// The sampling copy's soft update.
+        soft_update: flow_grpo::SoftUpdate,
+        /// The weight of the velocity anchor on the reference policy.
+        kl_coef: f64,
     },
 }
 

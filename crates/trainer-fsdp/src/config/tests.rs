@@ -264,13 +264,12 @@ fn no_silent_defaults_and_no_unknown_keys() {
 
     // an unknown algorithm kind names the known ones
     let err = TrainConfig::qwen_image_t2i_lora()
-        .with_overrides(&[Override::parse("algorithm.kind=nft").unwrap()])
+        .with_overrides(&[Override::parse("algorithm.kind=fdfo").unwrap()])
         .unwrap_err();
     let msg = err.to_string();
-    assert!(
-        msg.contains("nft") && msg.contains("flow_grpo") && msg.contains("awm"),
-        "{msg}"
-    );
+    for kind in ["fdfo", "flow_grpo", "awm", "nft", "dpo", "dpok"] {
+        assert!(msg.contains(kind), "{kind}: {msg}");
+    }
 }
 
 #[test]
@@ -671,4 +670,67 @@ fn the_ema_section_is_checked() {
     .unwrap_err()
     .to_string();
     assert!(err.contains("beta"), "{err}");
+}
+
+/// `kind = "nft"`: a complete section with the release's defaults; its rollouts are
+/// deterministic, so `sampling.eta` must be 0 under it and only under it; every problem is
+/// listed with its key.
+#[test]
+fn the_nft_section_and_its_deterministic_rollouts() {
+    let with = |o: &[&str]| {
+        TrainConfig::from_recipe(
+            RecipeName::ShapesWorldLora,
+            &Override::parse_all(o).unwrap(),
+        )
+        .unwrap()
+    };
+    let c = with(&["algorithm={ kind = \"nft\" }", "sampling.eta=0.0"]);
+    assert_eq!(c.algorithm, AlgorithmSection::Nft(NftSection::default()));
+    let p = c.preflight().unwrap();
+    let AlgorithmPlan::Nft {
+        beta,
+        advantage_limit,
+        soft_update,
+        kl_coef,
+    } = p.algorithm
+    else {
+        panic!("an NFT plan")
+    };
+    assert_eq!(
+        (beta, advantage_limit, soft_update, kl_coef),
+        (1.0, 5.0, flow_grpo::SoftUpdate::RAMP, 1e-4)
+    );
+    assert_eq!(p.advantages.std_mode, StdMode::Group);
+    // the recipe's eta is refused under NFT, and eta 0 under the others
+    let text = problems(&with(&["algorithm={ kind = \"nft\" }"]));
+    assert!(
+        text.iter()
+            .any(|p| p.contains("sampling.eta = 1.2") && p.contains("deterministic")),
+        "{text:?}"
+    );
+    let text = problems(&with(&["sampling.eta=0.0"]));
+    assert!(
+        text.iter().any(|p| p.contains("sampling.eta = 0")),
+        "{text:?}"
+    );
+    // every problem at once
+    let text = problems(&with(&[
+        "algorithm={ kind = \"nft\", beta = 0.0, advantage_limit = -1.0, kl_coef = -1.0, soft_update = \"flat_then_ramp\" }",
+        "sampling.eta=0.0",
+    ]));
+    for key in [
+        "algorithm.beta = 0",
+        "algorithm.advantage_limit = -1",
+        "algorithm.kl_coef = -1",
+    ] {
+        assert!(text.iter().any(|p| p.contains(key)), "{key}: {text:?}");
+    }
+    // an AWM key is not NFT's
+    let err = TrainConfig::from_recipe(
+        RecipeName::ShapesWorldLora,
+        &Override::parse_all(&["algorithm={ kind = \"nft\", weighting = \"huber\" }"]).unwrap(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("weighting"), "{err}");
 }

@@ -66,8 +66,36 @@ pub const TRAIN_KL_REF: &str = "train/kl_ref";
 /// when the objective has that term.
 pub const TRAIN_KL_EMA: &str = "train/kl_ema";
 
-/// Metric names logged only when a configured term or option produces them.
-pub const OPTIONAL: &[&str] = &[TRAIN_KL_REF, TRAIN_KL_EMA];
+/// DiffusionNFT: the mean adaptive `x0`-space error of the positive branch.
+pub const TRAIN_NFT_POSITIVE_ERROR: &str = "train/nft_positive_error";
+/// DiffusionNFT: the mean adaptive `x0`-space error of the negative branch.
+pub const TRAIN_NFT_NEGATIVE_ERROR: &str = "train/nft_negative_error";
+/// DiffusionNFT: the mean optimality probability `r` of the trained samples.
+pub const TRAIN_NFT_OPTIMALITY_MEAN: &str = "train/nft_optimality_mean";
+/// Online DPO: the fraction of pairs the implicit reward ranks right.
+pub const TRAIN_DPO_IMPLICIT_ACCURACY: &str = "train/dpo_implicit_accuracy";
+/// Online DPO: the mean margin `e_w - e_l` of the policy (negative: the winner fitted better).
+pub const TRAIN_DPO_MODEL_MARGIN: &str = "train/dpo_model_margin";
+/// Online DPO: the mean margin of the reference policy.
+pub const TRAIN_DPO_REFERENCE_MARGIN: &str = "train/dpo_reference_margin";
+/// Online DPO: (pair, timestep) terms per update.
+pub const TRAIN_DPO_PAIRS: &str = "train/dpo_pairs";
+/// The soft update's `η` applied to the sampling copy after the rollout.
+pub const TRAIN_SAMPLER_DECAY: &str = "train/sampler_decay";
+
+/// Metric names logged only when a configured term, option or algorithm produces them.
+pub const OPTIONAL: &[&str] = &[
+    TRAIN_KL_REF,
+    TRAIN_KL_EMA,
+    TRAIN_NFT_POSITIVE_ERROR,
+    TRAIN_NFT_NEGATIVE_ERROR,
+    TRAIN_NFT_OPTIMALITY_MEAN,
+    TRAIN_SAMPLER_DECAY,
+    TRAIN_DPO_IMPLICIT_ACCURACY,
+    TRAIN_DPO_MODEL_MARGIN,
+    TRAIN_DPO_REFERENCE_MARGIN,
+    TRAIN_DPO_PAIRS,
+];
 
 /// Every fixed metric name the run logs each rollout (the evaluation's, the per-component
 /// `reward/<c>_*` and the phase times are formed by the functions below).

@@ -463,13 +463,23 @@ fn build_in(
     run_dir: &Path,
     world: GaussianWorld,
 ) -> Result<GaussianRun, TrainerError> {
-    let trainer_fsdp::AlgorithmPlan::FlowGrpo {
-        clip_range,
-        anchor,
-        kl_coef,
-    } = pre.algorithm.clone()
-    else {
-        panic!("a FlowGRPO plan")
+    let algorithm = match pre.algorithm.clone() {
+        trainer_fsdp::AlgorithmPlan::FlowGrpo {
+            clip_range,
+            anchor,
+            kl_coef,
+        } => FlowGrpo::new(clip_range)
+            .with_anchor(anchor)
+            .with_kl(kl_coef),
+        trainer_fsdp::AlgorithmPlan::Dpok {
+            clip_range,
+            reward_weight,
+            kl_coef,
+            anchor,
+        } => FlowGrpo::dpok(clip_range, reward_weight)
+            .with_anchor(anchor)
+            .with_kl(kl_coef),
+        other => panic!("a FlowGRPO or DPOK plan, not {other:?}"),
     };
     let workers = LocalWorkers::new(cfg.run.threads());
     Run::new(
@@ -478,9 +488,7 @@ fn build_in(
         run_dir,
         Default::default(),
         world,
-        FlowGrpo::new(clip_range)
-            .with_anchor(anchor)
-            .with_kl(kl_coef),
+        algorithm,
         workers,
     )
 }
@@ -517,6 +525,71 @@ pub fn start_awm(root: &Path, rollouts: u64, extra: &[&str]) -> AwmRun {
             kl_coef,
             ema_kl_coef,
         },
+        workers,
+    )
+    .unwrap()
+}
+
+/// The Gaussian-world run under DiffusionNFT.
+pub type NftRun = Run<Train, GaussianWorld, trainer_fsdp::Nft, LocalWorkers>;
+
+/// A DiffusionNFT run of `config(root, ..)` (its `[algorithm]` replaced by NFT's defaults,
+/// `sampling.eta = 0`, then `extra`) writing into `root/run`.
+pub fn start_nft(root: &Path, rollouts: u64, extra: &[&str]) -> NftRun {
+    let mut o = vec!["algorithm={ kind = \"nft\" }", "sampling.eta=0.0"];
+    o.extend_from_slice(extra);
+    let cfg = config(root, rollouts, &o);
+    let pre = cfg.preflight().unwrap();
+    let trainer_fsdp::AlgorithmPlan::Nft {
+        beta,
+        advantage_limit,
+        soft_update,
+        kl_coef,
+    } = pre.algorithm.clone()
+    else {
+        panic!("an NFT plan")
+    };
+    let world = GaussianWorld::new(&cfg.reward.scorers).unwrap();
+    let workers = LocalWorkers::new(cfg.run.threads());
+    Run::new(
+        cfg,
+        pre,
+        &root.join("run"),
+        Default::default(),
+        world,
+        trainer_fsdp::Nft {
+            beta,
+            advantage_limit,
+            soft_update,
+            kl_coef,
+        },
+        workers,
+    )
+    .unwrap()
+}
+
+/// The Gaussian-world run under online DPO.
+pub type DpoRun = Run<Train, GaussianWorld, trainer_fsdp::Dpo, LocalWorkers>;
+
+/// An online-DPO run of `config(root, ..)` (its `[algorithm]` replaced by DPO's defaults,
+/// `sampling.eta = 0`, then `extra`) writing into `root/run`.
+pub fn start_dpo(root: &Path, rollouts: u64, extra: &[&str]) -> DpoRun {
+    let mut o = vec!["algorithm={ kind = \"dpo\" }", "sampling.eta=0.0"];
+    o.extend_from_slice(extra);
+    let cfg = config(root, rollouts, &o);
+    let pre = cfg.preflight().unwrap();
+    let trainer_fsdp::AlgorithmPlan::Dpo { beta } = pre.algorithm.clone() else {
+        panic!("a DPO plan")
+    };
+    let world = GaussianWorld::new(&cfg.reward.scorers).unwrap();
+    let workers = LocalWorkers::new(cfg.run.threads());
+    Run::new(
+        cfg,
+        pre,
+        &root.join("run"),
+        Default::default(),
+        world,
+        trainer_fsdp::Dpo { beta },
         workers,
     )
     .unwrap()
