@@ -24,25 +24,9 @@
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// Keeps the memory mimalloc frees committed, unless `MIMALLOC_PURGE_DELAY` says otherwise.
-///
-/// By default mimalloc hands freed pages back to the OS after 10 ms; a training step frees
-/// and re-allocates its autodiff graph's tensors every few milliseconds, so the kernel zeroed
-/// the same pages over and over (a quarter of the CPU backend's training phase on the shapes
-/// world). The process then keeps its peak memory until it exits.
-fn keep_freed_pages() {
-    // `mi_option_purge_delay` in mimalloc.h; options keep their numbers across versions
-    // (retired ones stay as `deprecated_` placeholders).
-    const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
-    if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
-        // SAFETY: sets a process-wide integer option; called first thing in `main`, before
-        // any other thread exists (the call is not thread safe).
-        #[allow(unsafe_code)]
-        unsafe {
-            libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, -1);
-        }
-    }
-}
+#[path = "common/mod.rs"]
+mod common;
+use common::{keep_freed_pages, machine};
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -132,19 +116,8 @@ fn main() -> Result<()> {
     if let Some(dir) = &args.run_dir {
         overrides.extend(run_dir_overrides(dir)?);
     }
-    match args.algorithm.as_deref() {
-        None | Some("flow_grpo") => {}
-        Some("awm") => overrides.push(Override::parse("algorithm={ kind = \"awm\" }")?),
-        Some("nft") => {
-            overrides.push(Override::parse("algorithm={ kind = \"nft\" }")?);
-            overrides.push(Override::parse("sampling.eta=0.0")?);
-        }
-        Some("dpo") => {
-            overrides.push(Override::parse("algorithm={ kind = \"dpo\" }")?);
-            overrides.push(Override::parse("sampling.eta=0.0")?);
-        }
-        Some("dpok") => overrides.push(Override::parse("algorithm={ kind = \"dpok\" }")?),
-        Some(other) => bail!("--algorithm {other}: expected flow_grpo, awm, nft, dpo or dpok"),
+    if let Some(name) = &args.algorithm {
+        overrides.extend(trainer_fsdp::config::algorithm_overrides(name)?);
     }
     overrides.extend(Override::parse_all(&args.overrides)?);
     if args.resume || args.resume_from.is_some() {
@@ -359,19 +332,4 @@ fn report_failure(e: &anyhow::Error, cfg: &TrainConfig) {
         ),
         Err(_) => {}
     }
-}
-
-/// The CPU model and core count, for the seeds table.
-fn machine() -> String {
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|m| m.trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown CPU".into());
-    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
-    format!("{cpu}, {cores} cores available, {}", std::env::consts::ARCH)
 }

@@ -289,6 +289,22 @@ pub enum TrainerError {
         algorithm: &'static str,
     },
 
+    /// An algorithm name no `[algorithm] kind` has.
+    #[error("unknown algorithm {given:?}; the algorithms are {known}")]
+    UnknownAlgorithm {
+        /// The name given.
+        given: String,
+        /// The known names.
+        known: String,
+    },
+
+    /// A metrics log without any evaluation.
+    #[error("{path} holds no held-out evaluation (eval/reward): the run was never evaluated")]
+    NoEvaluations {
+        /// The log.
+        path: PathBuf,
+    },
+
     /// A world was asked to score with no scorer.
     #[error("reward.scorers is empty: a sample scored by nothing would train on 0")]
     NoScorer,

@@ -48,6 +48,7 @@ pub mod algorithm;
 pub mod awm;
 pub mod checkpoint;
 pub mod clip;
+pub mod compare;
 pub mod config;
 pub mod dispatch;
 pub mod dpo;

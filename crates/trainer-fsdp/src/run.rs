@@ -962,6 +962,9 @@ where
     /// Any phase's error (a failed reward group is not an error: it is logged and skipped).
     pub fn run(&mut self, stop: &StopFlag) -> Result<RunSummary, TrainerError> {
         let start = Instant::now();
+        let cpu_start = crate::monitor::process_cpu_seconds();
+        // CPU seconds of this call's evaluations, left out of perf/train_cpu_seconds
+        let mut eval_cpu = 0.0;
         let total = self.cfg.run.num_rollouts;
         let mut summary = RunSummary {
             initial_eval: None,
@@ -974,7 +977,9 @@ where
         let reward_metric = self.reward_metric();
         let interval = self.cfg.eval.interval;
         if interval > 0 && self.next_rollout == 0 {
+            let cpu = crate::monitor::process_cpu_seconds();
             let e = self.evaluate("initial")?;
+            eval_cpu += crate::monitor::process_cpu_seconds() - cpu;
             print_eval("start", &e);
             summary.initial_eval = Some(e.summary());
             self.log(0, &e.metrics())?;
@@ -1074,10 +1079,28 @@ where
             let reward_mean = metrics.get(&reward_metric).copied().unwrap_or(f64::NAN);
             self.next_rollout = id + 1;
             summary.last_rollout = Some(id);
+            let cpu = crate::monitor::process_cpu_seconds();
+            let train_cpu = cpu - cpu_start - eval_cpu;
+            metrics.insert(names::PERF_TRAIN_CPU_SECONDS.into(), train_cpu);
+            // the CPU budget ends the run after this rollout, as its last
+            let budget_spent = self
+                .cfg
+                .run
+                .cpu_budget_seconds
+                .is_some_and(|b| train_cpu >= b);
+            if budget_spent {
+                println!(
+                    "rollout {id}: the CPU budget of {:.0} s is spent ({train_cpu:.0} s): this is the last rollout",
+                    self.cfg.run.cpu_budget_seconds.unwrap_or(f64::NAN)
+                );
+            }
             let evaluate_now = interval > 0
-                && (self.next_rollout.is_multiple_of(interval) || self.next_rollout == total);
+                && (self.next_rollout.is_multiple_of(interval)
+                    || self.next_rollout == total
+                    || budget_spent);
             if evaluate_now {
                 let e = self.evaluate(&format!("step_{id:04}"))?;
+                eval_cpu += crate::monitor::process_cpu_seconds() - cpu;
                 print_eval(&format!("after rollout {id}"), &e);
                 metrics.extend(e.metrics());
                 summary.final_eval = Some(e.summary());
@@ -1108,7 +1131,7 @@ where
                 && self
                     .next_rollout
                     .is_multiple_of(self.cfg.checkpoint.save_interval);
-            let last = self.next_rollout == total || stop.is_set();
+            let last = self.next_rollout == total || stop.is_set() || budget_spent;
             if save_now || last {
                 match self.checkpoint(id) {
                     Ok(()) => committed = Some(id),
@@ -1132,6 +1155,9 @@ where
             if stop.is_set() {
                 println!("stop requested: checkpoint after rollout {id} committed");
                 summary.stopped = true;
+                break;
+            }
+            if budget_spent {
                 break;
             }
         }

@@ -51,6 +51,7 @@ pub const FREE_TO_CHANGE: &[&str] = &[
     "recipe",
     "run.num_rollouts",
     "run.host_threads",
+    "run.cpu_budget_seconds",
     "checkpoint.",
     "artifacts.",
     "eval.interval",

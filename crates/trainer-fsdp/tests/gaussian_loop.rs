@@ -513,6 +513,27 @@ fn dpok_trains_with_its_clamped_ratio() {
     );
 }
 
+/// `run.cpu_budget_seconds`: a run whose budget is spent after its first rollout stops
+/// there, evaluated and checkpointed, and every rollout logs `perf/train_cpu_seconds`.
+fn the_cpu_budget_ends_the_run_with_an_evaluation() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut run = start(dir.path(), ROLLOUTS, &["run.cpu_budget_seconds=1e-9"]);
+    let summary = run.run(&StopFlag::new()).unwrap();
+    assert_eq!(summary.last_rollout, Some(0));
+    assert!(!summary.stopped && summary.final_eval.is_some());
+    let records = read_jsonl(&dir.path().join("run").join("metrics.jsonl")).unwrap();
+    let last = records.last().unwrap();
+    let cpu = last.metrics[names::PERF_TRAIN_CPU_SECONDS].unwrap();
+    assert!(cpu > 0.0, "{cpu}");
+    assert!(last.metrics.contains_key(trainer_fsdp::run::EVAL_REWARD));
+    assert!(
+        walk(&dir.path().join("ckpt"))
+            .iter()
+            .any(|p| p.ends_with("COMMITTED"))
+    );
+    println!("test the_cpu_budget_ends_the_run_with_an_evaluation ... ok ({cpu:.3} CPU s)");
+}
+
 /// `rollout.shared_initial_noise`: a group's candidates leave the deterministic steps before
 /// the first trained one at the same latent (one `x_T` per group) and part at the first
 /// trained step (their own noise); without it they start apart. Groups differ either way.
@@ -698,7 +719,7 @@ fn a_second_process_on_a_locked_directory_is_refused() {
 
 /// Every test, in order; `GAUSSIAN_ONLY=<part of a name>` runs the matching ones alone.
 fn parent() {
-    let tests: [(&str, fn()); 12] = [
+    let tests: [(&str, fn()); 13] = [
         ("the_reward_rises", the_reward_rises),
         (
             "the_rollout_anchor_trains_too",
@@ -727,6 +748,10 @@ fn parent() {
         (
             "dpo_trains_on_each_groups_best_and_worst",
             dpo_trains_on_each_groups_best_and_worst,
+        ),
+        (
+            "the_cpu_budget_ends_the_run_with_an_evaluation",
+            the_cpu_budget_ends_the_run_with_an_evaluation,
         ),
         (
             "shared_initial_noise_starts_each_group_from_one_latent",

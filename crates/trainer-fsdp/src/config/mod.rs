@@ -7,7 +7,8 @@
 //! ```toml
 //! recipe = "qwen_image_t2i_lora"   # optional: start from a named recipe, override below
 //!
-//! [run]        task, seed, num_rollouts, host_threads (optional; changes no result)
+//! [run]        task, seed, num_rollouts, host_threads (optional; changes no result),
+//!              cpu_budget_seconds (optional: stop once that much CPU time has trained)
 //! [model]      trainable_mode ("full" | "lora"), master_dtype ("fp32" | "bf16", optional)
 //! [lora]       rank, alpha, dropout, target_modules (optional), use_rslora, init_from and
 //!              init_dropout (optional: start from an adapter file)   (optional section)
@@ -343,6 +344,12 @@ pub struct RunSection {
     /// `qwen_image_t2i_lora` example uses 1 there unless this is set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_threads: Option<usize>,
+    /// Stop after the first rollout at which the run has spent this many CPU seconds on
+    /// rollouts, scoring and updates (`perf/train_cpu_seconds`, evaluations excluded), with a
+    /// final evaluation and checkpoint, whichever of it and `num_rollouts` comes first
+    /// (optional: none). The algorithm comparison charges every method the same budget.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_budget_seconds: Option<f64>,
 }
 
 impl RunSection {
@@ -784,6 +791,36 @@ impl Default for DpokSection {
             advantage_std_mode: Self::default_std_mode(),
             anchor: AnchorSource::default(),
         }
+    }
+}
+
+/// The algorithm names the examples' `--algorithm` takes.
+pub const ALGORITHM_NAMES: &[&str] = &["flow_grpo", "awm", "nft", "dpo", "dpok"];
+
+/// The overrides that select algorithm `name` on top of a recipe: its `[algorithm]` section
+/// with the variant's defaults, and `sampling.eta = 0` for the objectives on deterministic
+/// rollouts (DiffusionNFT, DPO). `flow_grpo` is the recipes' own section: no override.
+///
+/// ```
+/// let o = trainer_fsdp::config::algorithm_overrides("nft").unwrap();
+/// assert_eq!(o.len(), 2);
+/// assert!(trainer_fsdp::config::algorithm_overrides("flow_grpo").unwrap().is_empty());
+/// let err = trainer_fsdp::config::algorithm_overrides("ppo").unwrap_err().to_string();
+/// assert!(err.contains("ppo") && err.contains("dpok"), "{err}");
+/// ```
+///
+/// # Errors
+/// [`TrainerError::UnknownAlgorithm`] for a name not in [`ALGORITHM_NAMES`].
+pub fn algorithm_overrides(name: &str) -> Result<Vec<Override>, TrainerError> {
+    let section = |kind: &str| Override::parse(&format!("algorithm={{ kind = \"{kind}\" }}"));
+    match name {
+        "flow_grpo" => Ok(Vec::new()),
+        "awm" | "dpok" => Ok(vec![section(name)?]),
+        "nft" | "dpo" => Ok(vec![section(name)?, Override::parse("sampling.eta=0.0")?]),
+        other => Err(TrainerError::UnknownAlgorithm {
+            given: other.to_string(),
+            known: ALGORITHM_NAMES.join(", "),
+        }),
     }
 }
 

@@ -136,6 +136,15 @@ impl TrainConfig {
         // objective
         let algorithm = check_algorithm(&self.algorithm, &mut p);
         let ema = self.ema.as_ref().and_then(|e| check_ema(e, &mut p));
+        if let Some(budget) = self.run.cpu_budget_seconds
+            && !(budget.is_finite() && budget > 0.0)
+        {
+            p.push(PreflightProblem::OutOfRange {
+                key: "run.cpu_budget_seconds",
+                given: budget.to_string(),
+                allowed: "a finite value > 0 (CPU seconds of rollouts, scoring and updates), or absent",
+            });
+        }
         if let AlgorithmSection::Dpo(_) = &self.algorithm {
             let r = &self.rollout;
             if r.group_size < 2 {

@@ -37,6 +37,7 @@ impl TrainConfig {
                 seed: 42,
                 num_rollouts: 100,
                 host_threads: None,
+                cpu_budget_seconds: None,
             },
             model: ModelSection {
                 generator: GeneratorSource::QwenImage {

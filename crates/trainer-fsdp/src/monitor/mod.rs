@@ -5,6 +5,7 @@
 //! [`MetricsCursor`] saved in the trainer state; a resumed run truncates both files back to it,
 //! so the records of rollouts that are about to be recomputed appear once, not twice.
 
+mod cpu;
 mod draw;
 mod jsonl;
 pub mod names;
@@ -19,6 +20,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::TrainerError;
 
+pub use cpu::process_cpu_seconds;
 pub use draw::{Axes, Rgb, Series, caption_height, plot_curves, sample_grid, upscale, write_png};
 pub use jsonl::{JsonlWriter, MetricsRecord, parse_jsonl, read_jsonl, series};
 pub use progress::Progress;

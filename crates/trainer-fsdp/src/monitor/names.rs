@@ -97,6 +97,12 @@ pub const OPTIONAL: &[&str] = &[
     TRAIN_DPO_PAIRS,
 ];
 
+/// CPU seconds (user + system, every thread) this process has spent since [`crate::Run::run`]
+/// started on rollouts, scoring, updates and checkpoints, evaluations excluded, at the end of
+/// the rollout: the axis the algorithm comparison charges methods on. NaN where the platform
+/// cannot say.
+pub const PERF_TRAIN_CPU_SECONDS: &str = "perf/train_cpu_seconds";
+
 /// Every fixed metric name the run logs each rollout (the evaluation's, the per-component
 /// `reward/<c>_*` and the phase times are formed by the functions below).
 pub const ALL: &[&str] = &[
@@ -126,6 +132,7 @@ pub const ALL: &[&str] = &[
     PERF_ROLLOUT_SAMPLES_PER_S,
     PERF_TRAIN_TRANSITIONS_PER_S,
     PERF_TRAIN_SAMPLES_PER_S,
+    PERF_TRAIN_CPU_SECONDS,
 ];
 
 /// `reward/<component>_<stat>`, e.g. `reward/pickscore_mean`.

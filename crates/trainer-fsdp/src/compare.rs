@@ -1,0 +1,271 @@
+//! The algorithm comparison: every method's held-out reward against the CPU seconds it spent
+//! training (`perf/train_cpu_seconds`: rollouts, scoring, updates and checkpoints; evaluations
+//! excluded), over seeds, read back from each run's `metrics.jsonl`. The
+//! `compare_algorithms` example runs the methods and writes what this module builds: a
+//! Markdown table and a plot.
+//!
+//! ```
+//! use trainer_fsdp::compare::{CurvePoint, RunCurve, comparison_table};
+//! let p = |cpu, reward| CurvePoint { cpu_seconds: cpu, reward, stderr: 0.01 };
+//! let curves = vec![
+//!     RunCurve { method: "flow_grpo".into(), seed: 0, points: vec![p(0.0, 0.2), p(100.0, 0.3)] },
+//!     RunCurve { method: "nft".into(), seed: 0, points: vec![p(0.0, 0.2), p(10.0, 0.31), p(50.0, 0.4)] },
+//! ];
+//! let t = comparison_table(&curves, "flow_grpo");
+//! // NFT reaches FlowGRPO's final reward (0.3) after 10 CPU seconds, a tenth of its 100
+//! assert!(t.contains("| nft | 1 |"), "{t}");
+//! assert!(t.contains("| 10 (0.10x) |"), "{t}");
+//! ```
+
+use std::path::Path;
+
+use crate::error::TrainerError;
+use crate::monitor::{Axes, Series, names, plot_curves, read_jsonl, write_png};
+use crate::run::{EVAL_REWARD, EVAL_REWARD_SE};
+use crate::sweep::Spread;
+
+/// One evaluation of a run: the held-out reward after `cpu_seconds` of training.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CurvePoint {
+    /// Training CPU seconds so far (0 for the starting policy).
+    pub cpu_seconds: f64,
+    /// The held-out reward.
+    pub reward: f64,
+    /// Its standard error.
+    pub stderr: f64,
+}
+
+/// One run's evaluations, in order, the starting policy's first.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunCurve {
+    /// The method (its `--algorithm` name).
+    pub method: String,
+    /// The run's seed.
+    pub seed: u64,
+    /// The evaluations.
+    pub points: Vec<CurvePoint>,
+}
+
+impl RunCurve {
+    /// The first evaluation (the starting policy).
+    pub fn base(&self) -> Option<CurvePoint> {
+        self.points.first().copied()
+    }
+
+    /// The last evaluation.
+    pub fn last(&self) -> Option<CurvePoint> {
+        self.points.last().copied()
+    }
+
+    /// The training CPU seconds of the first evaluation after the start whose reward reaches
+    /// `target`, if any.
+    pub fn cpu_to_reach(&self, target: f64) -> Option<f64> {
+        self.points
+            .iter()
+            .skip(1)
+            .find(|p| p.reward >= target)
+            .map(|p| p.cpu_seconds)
+    }
+}
+
+/// A run's curve from its `metrics.jsonl`: every record with an evaluation, at the CPU
+/// seconds that record logged (the starting evaluation, logged before any rollout, at 0).
+///
+/// # Errors
+/// Reading or parsing the log; [`TrainerError::NoEvaluations`] when it holds none.
+pub fn run_curve(method: &str, seed: u64, jsonl: &Path) -> Result<RunCurve, TrainerError> {
+    let mut points = Vec::new();
+    for r in read_jsonl(jsonl)? {
+        let get = |k: &str| r.metrics.get(k).copied().flatten();
+        let Some(reward) = get(EVAL_REWARD) else {
+            continue;
+        };
+        points.push(CurvePoint {
+            cpu_seconds: get(names::PERF_TRAIN_CPU_SECONDS).unwrap_or(0.0),
+            reward,
+            stderr: get(EVAL_REWARD_SE).unwrap_or(f64::NAN),
+        });
+    }
+    if points.is_empty() {
+        return Err(TrainerError::NoEvaluations {
+            path: jsonl.to_path_buf(),
+        });
+    }
+    Ok(RunCurve {
+        method: method.to_string(),
+        seed,
+        points,
+    })
+}
+
+/// The methods of `curves`, in their first appearance's order.
+fn methods(curves: &[RunCurve]) -> Vec<&str> {
+    let mut out: Vec<&str> = Vec::new();
+    for c in curves {
+        if !out.contains(&c.method.as_str()) {
+            out.push(&c.method);
+        }
+    }
+    out
+}
+
+fn fmt_spread(s: Spread, signed: bool) -> String {
+    if signed {
+        format!("{:+.3} ({:+.3} to {:+.3})", s.mean, s.min, s.max)
+    } else {
+        format!("{:.3} ({:.3} to {:.3})", s.mean, s.min, s.max)
+    }
+}
+
+/// The comparison as a Markdown table, one row per method: seeds, base and final held-out
+/// reward and the gain (mean, min to max over seeds), the mean standard error of the final
+/// evaluations, the training CPU seconds spent, and the CPU seconds at which the method first
+/// reached `target_method`'s mean final reward (the median over the seeds that reached it,
+/// with its ratio to `target_method`'s mean CPU seconds, and how many seeds reached it).
+pub fn comparison_table(curves: &[RunCurve], target_method: &str) -> String {
+    let target = curves
+        .iter()
+        .filter(|c| c.method == target_method)
+        .filter_map(RunCurve::last)
+        .collect::<Vec<_>>();
+    let target_reward = Spread::of(&target.iter().map(|p| p.reward).collect::<Vec<_>>()).mean;
+    let target_cpu = Spread::of(&target.iter().map(|p| p.cpu_seconds).collect::<Vec<_>>()).mean;
+    let mut out = format!(
+        "| method | seeds | base | final | gain | final SE (mean) | training CPU s | CPU s to {target_method}'s final {target_reward:.3} |\n\
+         | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n"
+    );
+    for m in methods(curves) {
+        let runs: Vec<&RunCurve> = curves.iter().filter(|c| c.method == m).collect();
+        let of = |f: &dyn Fn(&RunCurve) -> Option<f64>| {
+            Spread::of(&runs.iter().filter_map(|c| f(c)).collect::<Vec<_>>())
+        };
+        let base = of(&|c| c.base().map(|p| p.reward));
+        let last = of(&|c| c.last().map(|p| p.reward));
+        let gain = of(&|c| Some(c.last()?.reward - c.base()?.reward));
+        let se = of(&|c| c.last().map(|p| p.stderr));
+        let cpu = of(&|c| c.last().map(|p| p.cpu_seconds));
+        let mut reached: Vec<f64> = runs
+            .iter()
+            .filter_map(|c| c.cpu_to_reach(target_reward))
+            .collect();
+        reached.sort_by(f64::total_cmp);
+        let to_target = if reached.is_empty() || target_reward.is_nan() {
+            format!("not reached (0/{})", runs.len())
+        } else {
+            let median = reached[reached.len() / 2];
+            format!(
+                "{median:.0} ({:.2}x){}",
+                median / target_cpu,
+                if reached.len() == runs.len() {
+                    String::new()
+                } else {
+                    format!(", {}/{} seeds", reached.len(), runs.len())
+                }
+            )
+        };
+        out.push_str(&format!(
+            "| {m} | {} | {} | {} | {} | {:.3} | {:.0} | {to_target} |\n",
+            runs.len(),
+            fmt_spread(base, false),
+            fmt_spread(last, false),
+            fmt_spread(gain, true),
+            se.mean,
+            cpu.mean,
+        ));
+    }
+    out
+}
+
+/// Plots every method's held-out reward against training CPU seconds: per method, the mean
+/// over its seeds of the `i`-th evaluation at the mean CPU seconds of those evaluations (up to
+/// the fewest evaluations any of its seeds has), with the standard error of that mean over
+/// seeds as the bar; written as a PNG to `path`.
+///
+/// # Errors
+/// Drawing and file errors.
+pub fn write_plot(curves: &[RunCurve], path: &Path) -> Result<(), TrainerError> {
+    let mut series = Vec::new();
+    for m in methods(curves) {
+        let runs: Vec<&RunCurve> = curves.iter().filter(|c| c.method == m).collect();
+        let n = runs.iter().map(|c| c.points.len()).min().unwrap_or(0);
+        let mut pts = Vec::with_capacity(n);
+        let mut bars = Vec::with_capacity(n);
+        for i in 0..n {
+            let xs: Vec<f64> = runs.iter().map(|c| c.points[i].cpu_seconds).collect();
+            let ys: Vec<f64> = runs.iter().map(|c| c.points[i].reward).collect();
+            let k = ys.len() as f64;
+            let mean = ys.iter().sum::<f64>() / k;
+            let var = ys.iter().map(|y| (y - mean) * (y - mean)).sum::<f64>() / (k - 1.0).max(1.0);
+            pts.push((xs.iter().sum::<f64>() / k, mean));
+            bars.push((var / k).sqrt());
+        }
+        series.push(Series::new(m, pts).with_errors(bars));
+    }
+    let img = plot_curves(
+        &series,
+        &Axes {
+            title: "held-out reward against training CPU time (mean over seeds)",
+            x_label: "training CPU seconds",
+            y_label: "held-out reward",
+            integer_x: false,
+        },
+        800,
+        480,
+    )?;
+    write_png(path, &img)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn curve(method: &str, seed: u64, pts: &[(f64, f64)]) -> RunCurve {
+        RunCurve {
+            method: method.into(),
+            seed,
+            points: pts
+                .iter()
+                .map(|&(cpu_seconds, reward)| CurvePoint {
+                    cpu_seconds,
+                    reward,
+                    stderr: 0.01,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn the_table_reads_gains_and_the_cpu_to_the_target() {
+        let curves = vec![
+            curve("flow_grpo", 0, &[(0.0, 0.2), (50.0, 0.25), (100.0, 0.3)]),
+            curve("flow_grpo", 1, &[(0.0, 0.2), (50.0, 0.22), (100.0, 0.4)]),
+            curve("awm", 0, &[(0.0, 0.2), (30.0, 0.36), (60.0, 0.5)]),
+            curve("awm", 1, &[(0.0, 0.2), (30.0, 0.3), (60.0, 0.32)]),
+        ];
+        let t = comparison_table(&curves, "flow_grpo");
+        // FlowGRPO's final mean is 0.35 at 100 CPU s; AWM's seed 0 reaches it at 30 s, seed 1 never
+        assert!(
+            t.contains("| awm | 2 | 0.200 (0.200 to 0.200) | 0.410 (0.320 to 0.500) | +0.210 (+0.120 to +0.300) | 0.010 | 60 | 30 (0.30x), 1/2 seeds |"),
+            "{t}"
+        );
+        assert!(t.contains("| flow_grpo | 2 |"), "{t}");
+        let none = comparison_table(&[curve("nft", 0, &[(0.0, 0.2), (9.0, 0.1)])], "flow_grpo");
+        assert!(none.contains("not reached (0/1)"), "{none}");
+    }
+
+    #[test]
+    fn the_plot_is_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.png");
+        write_plot(
+            &[
+                curve("a", 0, &[(0.0, 0.2), (10.0, 0.3)]),
+                curve("a", 1, &[(0.0, 0.2), (12.0, 0.35)]),
+                curve("b", 0, &[(0.0, 0.2), (5.0, 0.25), (9.0, 0.3)]),
+            ],
+            &path,
+        )
+        .unwrap();
+        assert!(std::fs::metadata(&path).unwrap().len() > 0);
+    }
+}

@@ -1,0 +1,224 @@
+//! Every algorithm of the family on the shapes world at the same CPU budget, over seeds: the
+//! held-out reward against the CPU seconds each run spent training (rollouts, scoring,
+//! updates; evaluations excluded), as a Markdown table and a PNG plot.
+//!
+//! ```text
+//! cargo run --release --example compare_algorithms                      # 5 methods x 5 seeds, 600 CPU s each
+//! cargo run --release --example compare_algorithms -- --methods flow_grpo,nft --seeds 1 --budget 120
+//! cargo run --release --example compare_algorithms -- --reuse           # the table again from finished runs
+//! ```
+//!
+//! Each run is the recipe (`--recipe`, the shapes world's by default) with the method's
+//! `[algorithm]` (as `qwen_image_t2i_lora --algorithm`), `run.seed`, `run.cpu_budget_seconds`
+//! and `eval.interval` set, then every `--set`. It runs until its budget is spent and ends
+//! with an evaluation. Runs go to `<out>/<method>/seed_<N>/`; the table to
+//! `<out>/comparison.md`, the plot to `<out>/comparison.png`, every evaluation to
+//! `<out>/curves.csv`. The CPU axis is the process's own CPU time, so a busy machine does not
+//! move it much, but another CPU model does.
+
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+#[path = "common/mod.rs"]
+mod common;
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use burn::backend::Autodiff;
+use clap::Parser;
+use trainer_fsdp::compare::{RunCurve, comparison_table, run_curve, write_plot};
+use trainer_fsdp::config::{ALGORITHM_NAMES, algorithm_overrides};
+use trainer_fsdp::{Override, RecipeName, StopFlag, TrainConfig, names, read_jsonl};
+
+/// The algorithm comparison on the CPU backend.
+#[derive(Parser, Debug)]
+#[command(version, about)]
+struct Args {
+    /// The methods, comma-separated (`--algorithm` names of the main example).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "flow_grpo,awm,nft,dpo,dpok"
+    )]
+    methods: Vec<String>,
+    /// Seeds per method.
+    #[arg(long, default_value_t = 5)]
+    seeds: u64,
+    /// The first seed.
+    #[arg(long, default_value_t = 0)]
+    first_seed: u64,
+    /// Training CPU seconds each run may spend (`run.cpu_budget_seconds`).
+    #[arg(long, default_value_t = 600.0)]
+    budget: f64,
+    /// Rollouts between evaluations (`eval.interval`).
+    #[arg(long, default_value_t = 10)]
+    eval_interval: u64,
+    /// The recipe every method starts from.
+    #[arg(long, default_value = "shapes_world_lora")]
+    recipe: String,
+    /// `key=value` overrides applied to every run, last (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    overrides: Vec<String>,
+    /// Where the runs and the results go.
+    #[arg(long, default_value = "runs/compare")]
+    out: PathBuf,
+    /// Keep a run whose directory already holds a finished run (its budget spent) instead of
+    /// running it again; any other existing run directory is moved aside and run afresh.
+    #[arg(long)]
+    reuse: bool,
+}
+
+fn main() -> Result<()> {
+    common::keep_freed_pages();
+    let args = Args::parse();
+    for m in &args.methods {
+        if !ALGORITHM_NAMES.contains(&m.as_str()) {
+            bail!(
+                "--methods: unknown method {m:?}; the methods are {}",
+                ALGORITHM_NAMES.join(", ")
+            );
+        }
+    }
+    if !(args.budget.is_finite() && args.budget > 0.0) {
+        bail!("--budget {}: expected CPU seconds > 0", args.budget);
+    }
+    if args.eval_interval == 0 {
+        bail!("--eval-interval 0: the comparison needs evaluations");
+    }
+    let recipe = RecipeName::parse(&args.recipe)?;
+    let stop = StopFlag::install()?;
+    let mut curves: Vec<RunCurve> = Vec::new();
+    let total = args.methods.len() as u64 * args.seeds;
+    let mut done = 0;
+    for method in &args.methods {
+        for seed in args.first_seed..args.first_seed + args.seeds {
+            done += 1;
+            let dir = args.out.join(method).join(format!("seed_{seed}"));
+            let jsonl = dir.join("metrics.jsonl");
+            if args.reuse && finished(&jsonl, args.budget)? {
+                println!(
+                    "[{done}/{total}] {method}, seed {seed}: reusing {}",
+                    dir.display()
+                );
+            } else {
+                println!("[{done}/{total}] {method}, seed {seed}: {}", dir.display());
+                let cfg = config(recipe, method, seed, &args, &dir)?;
+                let pre = cfg.preflight()?;
+                trainer_fsdp::dispatch::train::<Autodiff<flowrl::backend::Cpu>>(
+                    &cfg,
+                    &pre,
+                    &dir,
+                    &Default::default(),
+                    &stop,
+                )
+                .with_context(|| format!("{method}, seed {seed}"))?;
+                if stop.is_set() {
+                    bail!("stopped: the runs so far are in {}", args.out.display());
+                }
+            }
+            let curve = run_curve(method, seed, &jsonl)?;
+            if let (Some(a), Some(b)) = (curve.base(), curve.last()) {
+                println!(
+                    "{method}, seed {seed}: held-out {:.3} ± {:.3} -> {:.3} ± {:.3} ({:+.3}) in {:.0} training CPU s",
+                    a.reward,
+                    a.stderr,
+                    b.reward,
+                    b.stderr,
+                    b.reward - a.reward,
+                    b.cpu_seconds
+                );
+            }
+            curves.push(curve);
+        }
+    }
+    let target = if args.methods.iter().any(|m| m == "flow_grpo") {
+        "flow_grpo"
+    } else {
+        args.methods[0].as_str()
+    };
+    let table = comparison_table(&curves, target);
+    let mut md = format!(
+        "Command: `cargo run --release --example compare_algorithms -- --methods {} --seeds {} --first-seed {} --budget {} --eval-interval {}{}`\n\
+         Machine: {}\n\n",
+        args.methods.join(","),
+        args.seeds,
+        args.first_seed,
+        args.budget,
+        args.eval_interval,
+        args.overrides
+            .iter()
+            .map(|o| format!(" --set {o}"))
+            .collect::<String>(),
+        common::machine(),
+    );
+    md.push_str(&table);
+    std::fs::create_dir_all(&args.out)?;
+    let md_path = args.out.join("comparison.md");
+    durable::write_atomic(&md_path, md.as_bytes())?;
+    let mut csv = String::from("method,seed,training_cpu_seconds,reward,stderr\n");
+    for c in &curves {
+        for p in &c.points {
+            writeln!(
+                csv,
+                "{},{},{:.3},{:.6},{:.6}",
+                c.method, c.seed, p.cpu_seconds, p.reward, p.stderr
+            )?;
+        }
+    }
+    durable::write_atomic(&args.out.join("curves.csv"), csv.as_bytes())?;
+    let png = args.out.join("comparison.png");
+    write_plot(&curves, &png)?;
+    println!("\n{table}");
+    println!(
+        "wrote {}, {} and {}",
+        md_path.display(),
+        png.display(),
+        args.out.join("curves.csv").display()
+    );
+    Ok(())
+}
+
+/// The run of `method` and `seed` in `dir`.
+fn config(
+    recipe: RecipeName,
+    method: &str,
+    seed: u64,
+    args: &Args,
+    dir: &Path,
+) -> Result<TrainConfig> {
+    let d = dir.display();
+    let mut o = vec![
+        Override::parse(&format!("checkpoint.dir={d}/checkpoints"))?,
+        Override::parse(&format!("artifacts.root={d}/artifacts"))?,
+        // an earlier, unfinished run in the directory is moved aside
+        Override::parse("checkpoint.overwrite=true")?,
+    ];
+    o.extend(algorithm_overrides(method)?);
+    o.push(Override::parse(&format!("run.seed={seed}"))?);
+    o.push(Override::parse("run.num_rollouts=1000000")?);
+    o.push(Override::parse(&format!(
+        "run.cpu_budget_seconds={:?}",
+        args.budget
+    ))?);
+    o.push(Override::parse(&format!(
+        "eval.interval={}",
+        args.eval_interval
+    ))?);
+    o.extend(Override::parse_all(&args.overrides)?);
+    Ok(TrainConfig::from_recipe(recipe, &o)?)
+}
+
+/// Whether `jsonl` is the log of a run that spent `budget` and evaluated at its end.
+fn finished(jsonl: &Path, budget: f64) -> Result<bool> {
+    if !jsonl.exists() {
+        return Ok(false);
+    }
+    let records = read_jsonl(jsonl)?;
+    Ok(records.last().is_some_and(|r| {
+        let get = |k: &str| r.metrics.get(k).copied().flatten();
+        get(names::PERF_TRAIN_CPU_SECONDS).is_some_and(|c| c >= budget)
+            && get(trainer_fsdp::run::EVAL_REWARD).is_some()
+    }))
+}
