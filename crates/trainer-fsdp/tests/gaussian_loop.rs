@@ -534,6 +534,49 @@ fn the_cpu_budget_ends_the_run_with_an_evaluation() {
     println!("test the_cpu_budget_ends_the_run_with_an_evaluation ... ok ({cpu:.3} CPU s)");
 }
 
+/// MixGRPO's sampling under FlowGRPO's objective (`mix_grpo`): the sliding window of 2
+/// trained steps moves after 5 rollouts, DPM-Solver++(2M) runs the other steps, and the
+/// reward rises.
+fn mix_grpo_trains_on_its_sliding_window() {
+    let dir = tempfile::tempdir().unwrap();
+    let o: Vec<String> = trainer_fsdp::config::algorithm_overrides("mix_grpo")
+        .unwrap()
+        .iter()
+        .map(|o| {
+            if o.unset {
+                format!("{}=", o.path.join("."))
+            } else {
+                format!("{}={}", o.path.join("."), o.value)
+            }
+        })
+        .collect();
+    let o: Vec<&str> = o.iter().map(String::as_str).collect();
+    let mut run = start(dir.path(), ROLLOUTS, &o);
+    let summary = run.run(&StopFlag::new()).unwrap();
+    let (a, b) = (summary.initial_eval.unwrap(), summary.final_eval.unwrap());
+    assert!(
+        b.reward > a.reward + 0.3 && b.reward - a.reward > 5.0 * b.stderr.max(a.stderr),
+        "MixGRPO: held-out closeness {:.3} ± {:.3} -> {:.3} ± {:.3} did not rise",
+        a.reward,
+        a.stderr,
+        b.reward,
+        b.stderr
+    );
+    let mut seen: Vec<Vec<usize>> = walk(&dir.path().join("artifacts"))
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
+        .map(|p| trajectory::read_sidecar(&p).unwrap().common.sde_indices)
+        .collect();
+    seen.sort();
+    seen.dedup();
+    // the last rollouts kept on disk are past the first shift (6 steps, span [1, 5))
+    assert_eq!(seen, vec![vec![2, 3]], "{seen:?}");
+    println!(
+        "test mix_grpo_trains_on_its_sliding_window ... ok (held-out closeness {:.3} ± {:.3} -> {:.3} ± {:.3})",
+        a.reward, a.stderr, b.reward, b.stderr
+    );
+}
+
 /// `rollout.shared_initial_noise`: a group's candidates leave the deterministic steps before
 /// the first trained one at the same latent (one `x_T` per group) and part at the first
 /// trained step (their own noise); without it they start apart. Groups differ either way.
@@ -719,7 +762,7 @@ fn a_second_process_on_a_locked_directory_is_refused() {
 
 /// Every test, in order; `GAUSSIAN_ONLY=<part of a name>` runs the matching ones alone.
 fn parent() {
-    let tests: [(&str, fn()); 13] = [
+    let tests: [(&str, fn()); 14] = [
         ("the_reward_rises", the_reward_rises),
         (
             "the_rollout_anchor_trains_too",
@@ -748,6 +791,10 @@ fn parent() {
         (
             "dpo_trains_on_each_groups_best_and_worst",
             dpo_trains_on_each_groups_best_and_worst,
+        ),
+        (
+            "mix_grpo_trains_on_its_sliding_window",
+            mix_grpo_trains_on_its_sliding_window,
         ),
         (
             "the_cpu_budget_ends_the_run_with_an_evaluation",

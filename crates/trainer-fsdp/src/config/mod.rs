@@ -15,7 +15,9 @@
 //! [sampling]   scheduler, schedule_compat ("current" | "diffusers_0_35", optional), height,
 //!              width, num_inference_steps, guidance_scale, eta, sde_type, solver,
 //!              storage_dtype, sde_resample_per_rollout, sde_pool, sde_indices, num_sde_steps,
-//!              sde_timestep_fraction (pool, indices and fraction optional)
+//!              sde_timestep_fraction (pool, indices and fraction optional), sde_window
+//!              (optional: MixGRPO's sliding window = { size, stride, shift_interval,
+//!              strategy, at_end, span })
 //! [rollout]    prompts_per_rollout, group_size, num_updates_per_batch, micro_batch_size,
 //!              shared_initial_noise
 //! [algorithm]  kind = "flow_grpo" | "awm" | "nft" | "dpo" | "dpok", and the variant's keys — FlowGRPO: eps_clip,
@@ -41,7 +43,8 @@
 //! ```
 //!
 //! Every key that changes results is required: it comes from the recipe or from the file,
-//! never from a silent default. Unknown keys are rejected. The keys of the former `[grpo]`
+//! never from a silent default. An override with nothing after the `=` (`sampling.sde_pool=`)
+//! removes an optional key. Unknown keys are rejected. The keys of the former `[grpo]`
 //! section are refused with an error naming where each one moved ([`MOVED_KEYS`]).
 //!
 //! ```
@@ -83,6 +86,10 @@ use flow_grpo::{
 use schedule::{
     ConfiguredPlan, PlanProblem, PlanWarning, Schedule, ScheduleError, SchedulePolicy, SdeType,
     TrainedStepsConfig,
+};
+use schedule::{
+    PlanQuery, RouteSteps, SdeStepPlan, SdeSteps, SlidingWindow, WindowEnd, WindowStrategy,
+    validate_plan,
 };
 use sde_math::StorageDtype;
 use sde_math::solvers::{DpmSecondOrder, DpmSolverPP, OdeSolver, UniPc};
@@ -497,6 +504,58 @@ pub struct SamplingSection {
     /// `[lo, hi]` normalized window; `None` is the whole schedule `[0, 1]`.
     #[serde(default)]
     pub sde_timestep_fraction: Option<[f64; 2]>,
+    /// MixGRPO's sliding window of trained steps instead of the keys above (which must then be
+    /// off: no resample, pool, indices or fraction, and `num_sde_steps` the window's size).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sde_window: Option<SdeWindowSection>,
+}
+
+/// `sampling.sde_window`: MixGRPO's sliding window (`schedule::SlidingWindow`): `size`
+/// consecutive trained steps, the window starting at the span's first step and moving by
+/// `stride` steps every `shift_interval` rollouts (`"progressive"`), or to a random start
+/// every `shift_interval` rollouts (`"random"`, drawn from `run.seed` and the interval);
+/// past the last full window it stays there (`"clip"`) or starts over (`"roll_back"`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SdeWindowSection {
+    /// Trained steps per rollout (MixGRPO: 4).
+    pub size: usize,
+    /// Steps the window moves by (MixGRPO: the size, or less with overlap).
+    pub stride: usize,
+    /// Rollouts spent at one window position (MixGRPO's `iters_per_group`).
+    pub shift_interval: u64,
+    /// `"progressive"` (default) or `"random"`.
+    #[serde(default)]
+    pub strategy: WindowStrategyKind,
+    /// `"clip"` (default) or `"roll_back"`.
+    #[serde(default)]
+    pub at_end: WindowEndKind,
+    /// The denoising steps the window may cover, `[first, end)` (default: `[1, steps - 1)`,
+    /// leaving the singular first step and the last one out).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub span: Option<[usize; 2]>,
+}
+
+/// `sampling.sde_window.strategy`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WindowStrategyKind {
+    /// Advance by the stride every `shift_interval` rollouts.
+    #[default]
+    Progressive,
+    /// A random full-window start every `shift_interval` rollouts.
+    Random,
+}
+
+/// `sampling.sde_window.at_end`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WindowEndKind {
+    /// Stay at the last full window.
+    #[default]
+    Clip,
+    /// Start over from the first.
+    RollBack,
 }
 
 impl SamplingSection {
@@ -795,11 +854,14 @@ impl Default for DpokSection {
 }
 
 /// The algorithm names the examples' `--algorithm` takes.
-pub const ALGORITHM_NAMES: &[&str] = &["flow_grpo", "awm", "nft", "dpo", "dpok"];
+pub const ALGORITHM_NAMES: &[&str] = &["flow_grpo", "awm", "nft", "dpo", "dpok", "mix_grpo"];
 
 /// The overrides that select algorithm `name` on top of a recipe: its `[algorithm]` section
 /// with the variant's defaults, and `sampling.eta = 0` for the objectives on deterministic
 /// rollouts (DiffusionNFT, DPO). `flow_grpo` is the recipes' own section: no override.
+/// `mix_grpo` is FlowGRPO's objective on MixGRPO's sampling: a sliding window of 2 trained
+/// steps over the schedule (moving by 1 every 5 rollouts, back to the start past the end;
+/// the other trained-step keys off) and DPM-Solver++(2M) on every other step.
 ///
 /// ```
 /// let o = trainer_fsdp::config::algorithm_overrides("nft").unwrap();
@@ -817,6 +879,15 @@ pub fn algorithm_overrides(name: &str) -> Result<Vec<Override>, TrainerError> {
         "flow_grpo" => Ok(Vec::new()),
         "awm" | "dpok" => Ok(vec![section(name)?]),
         "nft" | "dpo" => Ok(vec![section(name)?, Override::parse("sampling.eta=0.0")?]),
+        "mix_grpo" => Override::parse_all(&[
+            "sampling.sde_window={ size = 2, stride = 1, shift_interval = 5, at_end = \"roll_back\" }",
+            "sampling.num_sde_steps=2",
+            "sampling.sde_resample_per_rollout=false",
+            "sampling.sde_pool=",
+            "sampling.sde_indices=",
+            "sampling.sde_timestep_fraction=",
+            "sampling.solver=\"dpm_solver_pp2m\"",
+        ]),
         other => Err(TrainerError::UnknownAlgorithm {
             given: other.to_string(),
             known: ALGORITHM_NAMES.join(", "),

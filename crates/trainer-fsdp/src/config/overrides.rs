@@ -8,7 +8,8 @@ use crate::error::TrainerError;
 /// `sampling.sde_pool=[1, 2, 3]` or `checkpoint.dir=runs/x`.
 ///
 /// The value is read as a TOML value; text that is not one (an unquoted path, a bare word) is
-/// taken as a string.
+/// taken as a string. Nothing after the `=` removes the key: an optional key goes back to
+/// absent (`sampling.sde_pool=`).
 ///
 /// ```
 /// use trainer_fsdp::Override;
@@ -17,13 +18,16 @@ use crate::error::TrainerError;
 /// assert_eq!(o.value, toml::Value::Array(vec![1.into(), 2.into(), 3.into()]));
 /// assert_eq!(Override::parse("checkpoint.dir=runs/a b").unwrap().value, toml::Value::from("runs/a b"));
 /// assert!(Override::parse("no-equals-sign").is_err());
+/// assert!(Override::parse("sampling.sde_pool=").unwrap().unset);
 /// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct Override {
     /// The key path.
     pub path: Vec<String>,
-    /// The value.
+    /// The value (empty when `unset`).
     pub value: toml::Value,
+    /// The override removes the key instead of setting it (`key=` with no value).
+    pub unset: bool,
 }
 
 /// What is wrong with an override.
@@ -79,11 +83,22 @@ impl Override {
             return Err(err(OverrideProblem::EmptyKey));
         }
         let raw = raw.trim();
+        if raw.is_empty() {
+            return Ok(Self {
+                path,
+                value: toml::Value::String(String::new()),
+                unset: true,
+            });
+        }
         let value = toml::from_str::<toml::Table>(&format!("v = {raw}"))
             .ok()
             .and_then(|mut t| t.remove("v"))
             .unwrap_or_else(|| toml::Value::String(raw.to_string()));
-        Ok(Self { path, value })
+        Ok(Self {
+            path,
+            value,
+            unset: false,
+        })
     }
 
     /// Parses every override of a list (e.g. the trailing arguments of a command line).
@@ -113,7 +128,11 @@ impl Override {
                 }
             };
         }
-        t.insert(last.clone(), self.value.clone());
+        if self.unset {
+            t.remove(last);
+        } else {
+            t.insert(last.clone(), self.value.clone());
+        }
         Ok(())
     }
 }

@@ -79,21 +79,31 @@ impl TrainConfig {
             .and_then(|policy| policy.sample_sigmas(s.height, s.width, s.num_inference_steps))
         {
             Err(e) => p.push(PreflightProblem::Schedule { source: e }),
-            Ok(schedule) => match self.sampling.trained_steps().build(sde, &schedule.sigmas) {
-                Ok((plan, report)) => {
-                    warnings.extend(
-                        report
-                            .warnings
-                            .into_iter()
-                            .map(PreflightWarning::TrainedSteps),
-                    );
-                    schedule_and_plan = Some((schedule, plan));
+            Ok(schedule) => {
+                let built = match &s.sde_window {
+                    None => self
+                        .sampling
+                        .trained_steps()
+                        .build(sde, &schedule.sigmas)
+                        .map(|(plan, report)| (TrainedPlan::Configured(plan), report)),
+                    Some(w) => self.sliding_window(w, sde, &schedule.sigmas, &mut p),
+                };
+                match built {
+                    Ok((plan, report)) => {
+                        warnings.extend(
+                            report
+                                .warnings
+                                .into_iter()
+                                .map(PreflightWarning::TrainedSteps),
+                        );
+                        schedule_and_plan = Some((schedule, plan));
+                    }
+                    Err(ScheduleError::InvalidPlan { problems }) => {
+                        p.extend(problems.into_iter().map(PreflightProblem::TrainedSteps));
+                    }
+                    Err(e) => p.push(PreflightProblem::Schedule { source: e }),
                 }
-                Err(ScheduleError::InvalidPlan { problems }) => {
-                    p.extend(problems.into_iter().map(PreflightProblem::TrainedSteps));
-                }
-                Err(e) => p.push(PreflightProblem::Schedule { source: e }),
-            },
+            }
         }
 
         // reward
@@ -736,6 +746,72 @@ fn check_algorithm(a: &AlgorithmSection, p: &mut Vec<PreflightProblem>) -> Optio
     }
 }
 
+impl TrainConfig {
+    /// MixGRPO's window of `sampling.sde_window`, validated against the schedule; the other
+    /// trained-step keys must be off (each one left on is a problem of its own).
+    fn sliding_window(
+        &self,
+        w: &SdeWindowSection,
+        sde: SdeType,
+        sigmas: &schedule::Sigmas,
+        p: &mut Vec<PreflightProblem>,
+    ) -> Result<(TrainedPlan, schedule::PlanReport), ScheduleError> {
+        let s = &self.sampling;
+        let unused = "off with sampling.sde_window (the window chooses the trained steps)";
+        if s.sde_resample_per_rollout {
+            p.push(PreflightProblem::OutOfRange {
+                key: "sampling.sde_resample_per_rollout",
+                given: "true".into(),
+                allowed: unused,
+            });
+        }
+        for (key, set) in [
+            ("sampling.sde_pool", s.sde_pool.is_some()),
+            ("sampling.sde_indices", s.sde_indices.is_some()),
+            (
+                "sampling.sde_timestep_fraction",
+                s.sde_timestep_fraction.is_some(),
+            ),
+        ] {
+            if set {
+                p.push(PreflightProblem::OutOfRange {
+                    key,
+                    given: "set".into(),
+                    allowed: "absent with sampling.sde_window (the window chooses the trained steps)",
+                });
+            }
+        }
+        if s.num_sde_steps != w.size {
+            p.push(PreflightProblem::OutOfRange {
+                key: "sampling.num_sde_steps",
+                given: s.num_sde_steps.to_string(),
+                allowed: "sampling.sde_window.size (the trained steps per rollout)",
+            });
+        }
+        let n = s.num_inference_steps;
+        let span = match w.span {
+            Some([a, b]) => a..b,
+            None => 1..n.saturating_sub(1),
+        };
+        let strategy = match w.strategy {
+            WindowStrategyKind::Progressive => WindowStrategy::Progressive {
+                shift_interval: w.shift_interval,
+            },
+            WindowStrategyKind::Random => WindowStrategy::Random {
+                shift_interval: w.shift_interval,
+                seed: self.run.seed,
+            },
+        };
+        let at_end = match w.at_end {
+            WindowEndKind::Clip => WindowEnd::Clip,
+            WindowEndKind::RollBack => WindowEnd::RollBack,
+        };
+        let window = SlidingWindow::new(n, span, w.size, w.stride, strategy, at_end)?;
+        let report = validate_plan(&window, sde, sigmas)?;
+        Ok((TrainedPlan::Sliding(window), report))
+    }
+}
+
 /// The `[ema]` schedule, validated.
 fn check_ema(e: &EmaSection, p: &mut Vec<PreflightProblem>) -> Option<EmaSettings> {
     let before = p.len();
@@ -1074,6 +1150,43 @@ pub enum AlgorithmPlan {
     },
 }
 
+/// The plan of trained steps a config resolves to: the schedule crate's resolution of the
+/// `sde_*` keys, or MixGRPO's sliding window (`sampling.sde_window`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum TrainedPlan {
+    /// Resample, explicit steps or fraction-window picks.
+    Configured(ConfiguredPlan),
+    /// MixGRPO's sliding window.
+    Sliding(SlidingWindow),
+}
+
+impl TrainedPlan {
+    fn inner(&self) -> &dyn SdeStepPlan {
+        match self {
+            TrainedPlan::Configured(p) => p,
+            TrainedPlan::Sliding(p) => p,
+        }
+    }
+}
+
+impl SdeStepPlan for TrainedPlan {
+    fn name(&self) -> &'static str {
+        self.inner().name()
+    }
+
+    fn num_steps(&self) -> usize {
+        self.inner().num_steps()
+    }
+
+    fn steps(&self, query: PlanQuery) -> Result<SdeSteps, ScheduleError> {
+        self.inner().steps(query)
+    }
+
+    fn reachable(&self) -> Vec<RouteSteps> {
+        self.inner().reachable()
+    }
+}
+
 /// What a successful preflight hands to the training loop.
 #[derive(Debug, Clone)]
 pub struct Preflight {
@@ -1084,7 +1197,7 @@ pub struct Preflight {
     /// The sigma schedule of `sampling` (height, width, steps).
     pub schedule: Schedule,
     /// The resolved plan of trained SDE steps.
-    pub plan: ConfiguredPlan,
+    pub plan: TrainedPlan,
     /// The SDE of the trained steps.
     pub sde: SdeType,
     /// Batch geometry.

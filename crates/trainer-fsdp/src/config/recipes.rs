@@ -72,6 +72,7 @@ impl TrainConfig {
                 sde_indices: Some(vec![3, 4, 5]),
                 num_sde_steps: 3,
                 sde_timestep_fraction: None,
+                sde_window: None,
             },
             rollout: RolloutSection {
                 prompts_per_rollout: 32,

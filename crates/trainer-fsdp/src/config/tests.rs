@@ -734,3 +734,58 @@ fn the_nft_section_and_its_deterministic_rollouts() {
     .to_string();
     assert!(err.contains("weighting"), "{err}");
 }
+
+/// `sampling.sde_window`: MixGRPO's sliding window replaces the other trained-step keys, which
+/// must be off; the `mix_grpo` preset turns them off (`key=` removes a key) and walks a window
+/// of 2 steps over the schedule.
+#[test]
+fn the_sliding_window_and_the_mix_grpo_preset() {
+    let c = TrainConfig::from_recipe(
+        RecipeName::ShapesWorldLora,
+        &algorithm_overrides("mix_grpo").unwrap(),
+    )
+    .unwrap();
+    assert_eq!(c.sampling.sde_pool, None);
+    assert_eq!(c.sampling.solver, SolverKind::DpmSolverPp2m);
+    let p = c.preflight().unwrap();
+    let at = |r: u64| {
+        p.plan
+            .steps(PlanQuery::rollout(r))
+            .unwrap()
+            .as_slice()
+            .to_vec()
+    };
+    assert_eq!(at(0), [1, 2]);
+    assert_eq!(at(4), [1, 2]);
+    assert_eq!(at(5), [2, 3]);
+    // 12 steps, span [1, 11): starts 1..=9, then back to 1
+    assert_eq!(at(45), [1, 2]);
+    // a window with the recipe's other trained-step keys still on: each one is named
+    let text = problems(
+        &TrainConfig::from_recipe(
+            RecipeName::ShapesWorldLora,
+            &Override::parse_all(&[
+                "sampling.sde_window={ size = 3, stride = 1, shift_interval = 5, span = [0, 12] }",
+            ])
+            .unwrap(),
+        )
+        .unwrap(),
+    );
+    for key in [
+        "sampling.sde_resample_per_rollout",
+        "sampling.sde_pool",
+        "sampling.sde_indices",
+    ] {
+        assert!(text.iter().any(|p| p.contains(key)), "{key}: {text:?}");
+    }
+    // Flow-SDE cannot train the step at sigma = 1, nor a window past the schedule
+    let bad = |window: &str| {
+        let mut o = algorithm_overrides("mix_grpo").unwrap();
+        o.extend(Override::parse_all(&[format!("sampling.sde_window={window}")]).unwrap());
+        problems(&TrainConfig::from_recipe(RecipeName::ShapesWorldLora, &o).unwrap())
+    };
+    let text = bad("{ size = 2, stride = 1, shift_interval = 5, span = [0, 11] }");
+    assert!(text.iter().any(|p| p.contains("[0]")), "{text:?}");
+    let text = bad("{ size = 2, stride = 1, shift_interval = 5, span = [1, 13] }");
+    assert!(text.iter().any(|p| p.contains("span")), "{text:?}");
+}
