@@ -1033,7 +1033,7 @@ impl SolverKind {
     pub fn as_str(self) -> &'static str {
         match self {
             SolverKind::Euler => "euler",
-            SolverKind::DpmSolverPp2m => "dpm_solver_pp_2m",
+            SolverKind::DpmSolverPp2m => "dpm_solver_pp2m",
             SolverKind::UnipcBh2 => "unipc_bh2",
         }
     }

@@ -789,3 +789,17 @@ fn the_sliding_window_and_the_mix_grpo_preset() {
     let text = bad("{ size = 2, stride = 1, shift_interval = 5, span = [1, 13] }");
     assert!(text.iter().any(|p| p.contains("span")), "{text:?}");
 }
+
+/// The solver names of fingerprints and banners are the ones a config is written with.
+#[test]
+fn solver_names_are_the_config_spelling() {
+    for kind in [
+        SolverKind::Euler,
+        SolverKind::DpmSolverPp2m,
+        SolverKind::UnipcBh2,
+    ] {
+        let parsed: SolverKind =
+            serde_json::from_value(serde_json::Value::String(kind.as_str().into())).unwrap();
+        assert_eq!(parsed, kind);
+    }
+}
