@@ -30,6 +30,10 @@ pub enum SdeType {
     /// therefore has no density and cannot be trained.
     #[serde(rename = "cps")]
     Cps,
+    /// On-schedule churn (paired finite differences): its std is `sigma_next · ...`, 0 on the
+    /// step into `sigma = 0`, which therefore cannot be trained, as under CPS.
+    #[serde(rename = "churn")]
+    Churn,
 }
 
 /// Something legal but suspicious about a plan, reported without failing it.
@@ -66,7 +70,8 @@ pub struct PlanReport {
 /// Checks every route of a plan against the schedule and the SDE type.
 ///
 /// Errors (all listed at once): a step with `sigma = 1` (at or above [`SIGMA_ONE`]) reachable under Flow-SDE (for grids
-/// starting at 1, step 0), a reachable last step under CPS, a plan for another step count.
+/// starting at 1, step 0), a reachable last step under CPS or churn, a plan for another step
+/// count.
 /// A reachable last step under Flow-SDE or Dance is a warning.
 ///
 /// ```
@@ -137,7 +142,7 @@ pub(crate) fn check_routes(
         }
         if steps.contains(n - 1) {
             match sde {
-                SdeType::Cps => {
+                SdeType::Cps | SdeType::Churn => {
                     problems.push(PlanProblem::DegenerateLastStep { route, step: n - 1 })
                 }
                 SdeType::FlowSde | SdeType::Dance => report

@@ -30,6 +30,7 @@ use crate::awm::Awm;
 use crate::config::{AlgorithmPlan, GeneratorSource, Preflight, TrainConfig};
 use crate::dpo::Dpo;
 use crate::error::TrainerError;
+use crate::fdfo::Fdfo;
 use crate::nft::Nft;
 use crate::qwen_image_world::QwenImageWorld;
 use crate::run::{Run, RunSummary};
@@ -160,6 +161,7 @@ fn with_algorithm<B: AutodiffBackend, W: World<B>, J: Job<B>>(
             },
         ),
         AlgorithmPlan::Dpo { beta } => job.run(world, Dpo { beta: *beta }),
+        AlgorithmPlan::Fdfo { eps } => job.run(world, Fdfo { eps: *eps }),
         AlgorithmPlan::Dpok {
             clip_range,
             reward_weight,

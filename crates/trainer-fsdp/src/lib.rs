@@ -55,6 +55,7 @@ pub mod dpo;
 pub mod ema;
 mod error;
 pub mod export;
+pub mod fdfo;
 mod forward;
 pub mod lr;
 pub mod monitor;
@@ -90,6 +91,7 @@ pub use config::{
 };
 pub use dpo::Dpo;
 pub use error::{CheckpointProblem, DrawingProblem, TrainerError};
+pub use fdfo::Fdfo;
 pub use lr::{LrDecay, LrSchedule, LrScheduler};
 pub use monitor::{
     Axes, Event, EventWriter, JsonlWriter, Metrics, MetricsCursor, MetricsRecord, Monitor,

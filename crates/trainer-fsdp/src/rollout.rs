@@ -298,6 +298,95 @@ where
     Ok(log_probs)
 }
 
+/// The stored trained-step points of a range of a rollout's samples, step-major (row
+/// `s * n + i` is sample `i` at trained step `s`): what a replay feeds the model.
+pub struct StoredPoints<Bx: Backend, C> {
+    /// Samples in the range.
+    pub n: usize,
+    /// Trained steps.
+    pub steps: usize,
+    /// `x_k`, `[rows, tokens, channels]`.
+    pub x: Tensor<Bx, 3>,
+    /// `x_{k+1}`, `[rows, tokens, channels]`.
+    pub prev: Tensor<Bx, 3>,
+    /// `σ_k` per row, `[rows]`.
+    pub sigma: Tensor<Bx, 1>,
+    /// The conditioning of each row.
+    pub cond: C,
+    /// Each trained step's sigmas.
+    pub step_sigmas: Vec<StepSigmas>,
+}
+
+/// The stored points of samples `samples` (group-major), `None` when the range or the trained
+/// steps are empty. `restore(trajectory, rows)` rebuilds a group's conditioning.
+///
+/// # Errors
+/// Record errors; [`TrainerError::ReplaySigmas`] if the trajectories disagree on a trained
+/// step's noise levels.
+pub fn stored_points<Bx, C, R>(
+    trajectories: &[Trajectory],
+    group_size: usize,
+    samples: Range<usize>,
+    restore: R,
+    device: &Bx::Device,
+) -> Result<Option<StoredPoints<Bx, C>>, TrainerError>
+where
+    Bx: Backend,
+    C: Conditioning,
+    R: Fn(&Trajectory, usize) -> Result<C, TrainerError>,
+{
+    let chunks = group_chunks(samples.clone(), group_size);
+    let n = samples.len();
+    let steps = trajectories
+        .first()
+        .map_or(0, |t| t.common.sde_indices.len());
+    if n == 0 || steps == 0 {
+        return Ok(None);
+    }
+    let conds = chunks
+        .iter()
+        .map(|(gi, slots)| restore(&trajectories[*gi], slots.len()))
+        .collect::<Result<Vec<_>, _>>()?;
+    let cond = C::cat_rows(conds).repeat_rows(steps);
+    let mut step_sigmas = Vec::with_capacity(steps);
+    let mut xs = Vec::with_capacity(steps * chunks.len());
+    let mut prevs = Vec::with_capacity(steps * chunks.len());
+    for s in 0..steps {
+        let mut first: Option<StepSigmas> = None;
+        for (gi, slots) in &chunks {
+            let inputs = trajectories[*gi].replay_inputs::<Bx, 3>(s, slots.clone(), device)?;
+            match first {
+                None => first = Some(inputs.sigmas),
+                Some(f) if f != inputs.sigmas => {
+                    return Err(TrainerError::ReplaySigmas {
+                        trained: s,
+                        first: (f.sigma(), f.sigma_next()),
+                        other: (inputs.sigmas.sigma(), inputs.sigmas.sigma_next()),
+                        trajectory: *gi,
+                    });
+                }
+                Some(_) => {}
+            }
+            xs.push(inputs.sample);
+            prevs.push(inputs.prev_sample);
+        }
+        step_sigmas.push(first.expect("at least one chunk"));
+    }
+    let sigma_rows: Vec<f32> = step_sigmas
+        .iter()
+        .flat_map(|sg| std::iter::repeat_n(sg.sigma(), n))
+        .collect();
+    Ok(Some(StoredPoints {
+        n,
+        steps,
+        x: Tensor::cat(xs, 0),
+        prev: Tensor::cat(prevs, 0),
+        sigma: Tensor::<Bx, 1>::from_data(TensorData::new(sigma_rows, [n * steps]), device),
+        cond,
+        step_sigmas,
+    }))
+}
+
 /// The reference policy's velocity at the replay's inputs `(x, sigma, conditioning)`, detached
 /// (the world's [`World::reference_velocity`](crate::world::World::reference_velocity)).
 pub type ReferenceFn<'a, Bx, C> =
@@ -327,51 +416,26 @@ where
     M::Conditioning: Conditioning,
     R: Fn(&Trajectory, usize) -> Result<M::Conditioning, TrainerError>,
 {
-    let chunks = group_chunks(samples.clone(), group_size);
-    let n = samples.len();
-    let steps = trajectories
-        .first()
-        .map_or(0, |t| t.common.sde_indices.len());
-    if n == 0 || steps == 0 {
+    let Some(points) = stored_points(trajectories, group_size, samples.clone(), restore, device)?
+    else {
+        let (n, steps) = (
+            samples.len(),
+            trajectories
+                .first()
+                .map_or(0, |t| t.common.sde_indices.len()),
+        );
         let kl = reference.map(|_| Tensor::zeros([n, steps], device));
         return Ok((Tensor::zeros([n, steps], device), kl));
-    }
-    let conds = chunks
-        .iter()
-        .map(|(gi, slots)| restore(&trajectories[*gi], slots.len()))
-        .collect::<Result<Vec<_>, _>>()?;
-    let cond = M::Conditioning::cat_rows(conds).repeat_rows(steps);
-    let mut step_sigmas = Vec::with_capacity(steps);
-    let mut xs = Vec::with_capacity(steps * chunks.len());
-    let mut prevs = Vec::with_capacity(steps * chunks.len());
-    for s in 0..steps {
-        let mut first: Option<StepSigmas> = None;
-        for (gi, slots) in &chunks {
-            let inputs = trajectories[*gi].replay_inputs::<Bx, 3>(s, slots.clone(), device)?;
-            match first {
-                None => first = Some(inputs.sigmas),
-                Some(f) if f != inputs.sigmas => {
-                    return Err(TrainerError::ReplaySigmas {
-                        trained: s,
-                        first: (f.sigma(), f.sigma_next()),
-                        other: (inputs.sigmas.sigma(), inputs.sigmas.sigma_next()),
-                        trajectory: *gi,
-                    });
-                }
-                Some(_) => {}
-            }
-            xs.push(inputs.sample);
-            prevs.push(inputs.prev_sample);
-        }
-        step_sigmas.push(first.expect("at least one chunk"));
-    }
-    let sigma_rows: Vec<f32> = step_sigmas
-        .iter()
-        .flat_map(|sg| std::iter::repeat_n(sg.sigma(), n))
-        .collect();
-    let sigma = Tensor::<Bx, 1>::from_data(TensorData::new(sigma_rows, [n * steps]), device);
-    let x = Tensor::cat(xs, 0);
-    let prev = Tensor::cat(prevs, 0);
+    };
+    let StoredPoints {
+        n,
+        steps,
+        x,
+        prev,
+        sigma,
+        cond,
+        step_sigmas,
+    } = points;
     let v = model.velocity(x.clone(), sigma.clone(), &cond);
     let v_ref = match reference {
         Some(f) => Some(f(x.clone(), sigma, &cond)?.detach()),

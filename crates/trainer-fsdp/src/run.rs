@@ -436,6 +436,7 @@ where
                     schedule::SdeType::FlowSde => Kernel::flow_sde(cfg.sampling.eta as f32)?,
                     schedule::SdeType::Dance => Kernel::dance(cfg.sampling.eta as f32)?,
                     schedule::SdeType::Cps => Kernel::cps(cfg.sampling.eta as f32)?,
+                    schedule::SdeType::Churn => Kernel::churn(cfg.sampling.eta as f32)?,
                 })
             },
             solver: cfg.sampling.solver.solver(),

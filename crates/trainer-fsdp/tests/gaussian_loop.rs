@@ -577,6 +577,70 @@ fn mix_grpo_trains_on_its_sliding_window() {
     );
 }
 
+/// Paired finite differences: pairs from one `x_T` with churn noise, SPO on the stored
+/// velocities bent toward the better endpoint; the reward rises, the SPO ratio is logged, and
+/// preflight refuses pairs without churn or groups that are not pairs.
+fn fdfo_trains_on_paired_differences() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut run = start_fdfo(dir.path(), ROLLOUTS, &[]);
+    let summary = run.run(&StopFlag::new()).unwrap();
+    let (a, b) = (summary.initial_eval.unwrap(), summary.final_eval.unwrap());
+    assert!(
+        b.reward > a.reward + 0.1 && b.reward - a.reward > 3.0 * b.stderr.max(a.stderr),
+        "FDFO: held-out closeness {:.3} ± {:.3} -> {:.3} ± {:.3} did not rise",
+        a.reward,
+        a.stderr,
+        b.reward,
+        b.stderr
+    );
+    let records = read_jsonl(&dir.path().join("run").join("metrics.jsonl")).unwrap();
+    let ratios: Vec<f64> = records
+        .iter()
+        .filter_map(|r| {
+            r.metrics
+                .get(names::TRAIN_SPO_RATIO_MEAN)
+                .copied()
+                .flatten()
+        })
+        .collect();
+    assert_eq!(ratios.len() as u64, ROLLOUTS);
+    assert!(
+        ratios.iter().all(|r| r.is_finite() && *r > 0.0),
+        "{ratios:?}"
+    );
+    let none = tempfile::tempdir().unwrap();
+    for (extra, key) in [
+        ("sampling.sde_type=\"sde\"", "sampling.sde_type"),
+        (
+            "rollout.shared_initial_noise=false",
+            "rollout.shared_initial_noise",
+        ),
+        ("rollout.group_size=4", "rollout.group_size"),
+    ] {
+        let mut o: Vec<String> = trainer_fsdp::config::algorithm_overrides("fdfo")
+            .unwrap()
+            .iter()
+            .map(|o| format!("{}={}", o.path.join("."), o.value))
+            .collect();
+        o.push(extra.into());
+        let o: Vec<&str> = o.iter().map(String::as_str).collect();
+        let err = config(none.path(), 1, &o)
+            .preflight()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(key), "{extra}: {err}");
+    }
+    println!(
+        "test fdfo_trains_on_paired_differences ... ok (held-out closeness {:.3} ± {:.3} -> {:.3} ± {:.3}, SPO ratio {:.3} -> {:.3})",
+        a.reward,
+        a.stderr,
+        b.reward,
+        b.stderr,
+        ratios[0],
+        ratios[ratios.len() - 1]
+    );
+}
+
 /// `rollout.shared_initial_noise`: a group's candidates leave the deterministic steps before
 /// the first trained one at the same latent (one `x_T` per group) and part at the first
 /// trained step (their own noise); without it they start apart. Groups differ either way.
@@ -762,7 +826,7 @@ fn a_second_process_on_a_locked_directory_is_refused() {
 
 /// Every test, in order; `GAUSSIAN_ONLY=<part of a name>` runs the matching ones alone.
 fn parent() {
-    let tests: [(&str, fn()); 14] = [
+    let tests: [(&str, fn()); 15] = [
         ("the_reward_rises", the_reward_rises),
         (
             "the_rollout_anchor_trains_too",
@@ -791,6 +855,10 @@ fn parent() {
         (
             "dpo_trains_on_each_groups_best_and_worst",
             dpo_trains_on_each_groups_best_and_worst,
+        ),
+        (
+            "fdfo_trains_on_paired_differences",
+            fdfo_trains_on_paired_differences,
         ),
         (
             "mix_grpo_trains_on_its_sliding_window",

@@ -20,14 +20,15 @@
 //!              strategy, at_end, span })
 //! [rollout]    prompts_per_rollout, group_size, num_updates_per_batch, micro_batch_size,
 //!              shared_initial_noise
-//! [algorithm]  kind = "flow_grpo" | "awm" | "nft" | "dpo" | "dpok", and the variant's keys — FlowGRPO: eps_clip,
+//! [algorithm]  kind = "flow_grpo" | "awm" | "nft" | "dpo" | "dpok" | "fdfo", and the variant's keys — FlowGRPO: eps_clip,
 //!              eps_clip_high (optional), advantage_std_mode, kl_coef, anchor ("replay" |
 //!              "rollout", optional); AWM (all optional): eps_clip, eps_clip_high,
 //!              advantage_std_mode, advantage_limit, weighting ("uniform" | "huber"),
 //!              huber_power, kl_coef, ema_kl_coef; DiffusionNFT (all optional): beta,
 //!              advantage_std_mode, advantage_limit, soft_update ("ramp" |
 //!              "flat_then_ramp"), kl_coef; online DPO (optional): beta; DPOK (all
-//!              optional): eps_clip, reward_weight, kl_coef, advantage_std_mode, anchor
+//!              optional): eps_clip, reward_weight, kl_coef, advantage_std_mode, anchor;
+//!              FDFO (optional): eps, advantage_std_mode
 //! [ema]        decay, warmup ("none" | "flow_grpo" | "linear"), ramp (with "linear"),
 //!              update_interval: the EMA of the trained weights that evaluations sample with
 //!              and checkpoints export                              (optional section)
@@ -207,6 +208,10 @@ pub enum SdeKind {
     /// `"cps"`: coefficients-preserving sampling.
     #[serde(rename = "cps")]
     Cps,
+    /// `"churn"`: on-schedule churn with `gamma = sampling.eta` (paired finite differences;
+    /// the paper's 0.0025).
+    #[serde(rename = "churn")]
+    Churn,
 }
 
 impl SdeKind {
@@ -216,6 +221,7 @@ impl SdeKind {
             SdeKind::FlowSde => SdeType::FlowSde,
             SdeKind::Dance => SdeType::Dance,
             SdeKind::Cps => SdeType::Cps,
+            SdeKind::Churn => SdeType::Churn,
         }
     }
 }
@@ -485,7 +491,7 @@ pub struct SamplingSection {
     /// SDE noise level of the trained steps. Set explicitly: seed 002 warns that rollout and
     /// replay defaulted it differently.
     pub eta: f64,
-    /// `"sde"`, `"dance"` or `"cps"`.
+    /// `"sde"`, `"dance"`, `"cps"` or `"churn"`.
     pub sde_type: SdeKind,
     /// The deterministic solver of the other steps.
     pub solver: SolverKind,
@@ -615,6 +621,10 @@ pub enum AlgorithmSection {
     /// `kind = "dpok"`: DPOK's clamped-ratio policy gradient over the trained SDE steps, with
     /// its reward weight and KL to the reference policy (FlowGRPO's replay and anchor).
     Dpok(DpokSection),
+    /// `kind = "fdfo"`: paired finite differences, each pair's reward difference turned into
+    /// targets for its stored velocities under SPO's trust region ([`crate::Fdfo`]); needs
+    /// pairs (`rollout.group_size = 2`) from one `x_T` with churn noise.
+    Fdfo(FdfoSection),
 }
 
 impl AlgorithmSection {
@@ -626,6 +636,7 @@ impl AlgorithmSection {
             AlgorithmSection::Nft(_) => "nft",
             AlgorithmSection::Dpo(_) => "dpo",
             AlgorithmSection::Dpok(_) => "dpok",
+            AlgorithmSection::Fdfo(_) => "fdfo",
         }
     }
 
@@ -638,6 +649,7 @@ impl AlgorithmSection {
             // the advantages only rank a group's samples: any positive divisor ranks alike
             AlgorithmSection::Dpo(_) => AdvantageStdMode::Group,
             AlgorithmSection::Dpok(a) => a.advantage_std_mode,
+            AlgorithmSection::Fdfo(a) => a.advantage_std_mode,
         }
     }
 }
@@ -854,14 +866,17 @@ impl Default for DpokSection {
 }
 
 /// The algorithm names the examples' `--algorithm` takes.
-pub const ALGORITHM_NAMES: &[&str] = &["flow_grpo", "awm", "nft", "dpo", "dpok", "mix_grpo"];
+pub const ALGORITHM_NAMES: &[&str] =
+    &["flow_grpo", "awm", "nft", "dpo", "dpok", "mix_grpo", "fdfo"];
 
 /// The overrides that select algorithm `name` on top of a recipe: its `[algorithm]` section
 /// with the variant's defaults, and `sampling.eta = 0` for the objectives on deterministic
 /// rollouts (DiffusionNFT, DPO). `flow_grpo` is the recipes' own section: no override.
 /// `mix_grpo` is FlowGRPO's objective on MixGRPO's sampling: a sliding window of 2 trained
 /// steps over the schedule (moving by 1 every 5 rollouts, back to the start past the end;
-/// the other trained-step keys off) and DPM-Solver++(2M) on every other step.
+/// the other trained-step keys off) and DPM-Solver++(2M) on every other step. `fdfo` sets
+/// pairs (`group_size = 2`, one `x_T` per pair) and churn at the trained steps
+/// (`sde_type = "churn"`, `eta = 0.0025`, the paper's γ).
 ///
 /// ```
 /// let o = trainer_fsdp::config::algorithm_overrides("nft").unwrap();
@@ -879,6 +894,16 @@ pub fn algorithm_overrides(name: &str) -> Result<Vec<Override>, TrainerError> {
         "flow_grpo" => Ok(Vec::new()),
         "awm" | "dpok" => Ok(vec![section(name)?]),
         "nft" | "dpo" => Ok(vec![section(name)?, Override::parse("sampling.eta=0.0")?]),
+        "fdfo" => {
+            let mut o = vec![section(name)?];
+            o.extend(Override::parse_all(&[
+                "rollout.group_size=2",
+                "rollout.shared_initial_noise=true",
+                "sampling.sde_type=\"churn\"",
+                "sampling.eta=0.0025",
+            ])?);
+            Ok(o)
+        }
         "mix_grpo" => Override::parse_all(&[
             "sampling.sde_window={ size = 2, stride = 1, shift_interval = 5, at_end = \"roll_back\" }",
             "sampling.num_sde_steps=2",
@@ -892,6 +917,39 @@ pub fn algorithm_overrides(name: &str) -> Result<Vec<Override>, TrainerError> {
             given: other.to_string(),
             known: ALGORITHM_NAMES.join(", "),
         }),
+    }
+}
+
+/// Paired finite differences' keys of `[algorithm]`; every key has a default, so
+/// `algorithm = { kind = "fdfo" }` is a complete section.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FdfoSection {
+    /// SPO's `ε` (default 0.03, the paper's).
+    #[serde(default = "FdfoSection::default_eps")]
+    pub eps: f64,
+    /// The std divisor of the advantages whose pair difference is `ΔR` (default `none`: the
+    /// raw reward difference, the paper's).
+    #[serde(default = "FdfoSection::default_std_mode")]
+    pub advantage_std_mode: AdvantageStdMode,
+}
+
+impl FdfoSection {
+    fn default_eps() -> f64 {
+        0.03
+    }
+
+    fn default_std_mode() -> AdvantageStdMode {
+        AdvantageStdMode::None
+    }
+}
+
+impl Default for FdfoSection {
+    fn default() -> Self {
+        Self {
+            eps: Self::default_eps(),
+            advantage_std_mode: Self::default_std_mode(),
+        }
     }
 }
 

@@ -155,6 +155,38 @@ impl TrainConfig {
                 allowed: "a finite value > 0 (CPU seconds of rollouts, scoring and updates), or absent",
             });
         }
+        if let AlgorithmSection::Fdfo(_) = &self.algorithm {
+            let r = &self.rollout;
+            let need = "with algorithm.kind = \"fdfo\" (a pair is two rollouts from one x_T that churn noise makes differ)";
+            if r.group_size != 2 {
+                p.push(PreflightProblem::OutOfRange {
+                    key: "rollout.group_size",
+                    given: r.group_size.to_string(),
+                    allowed: "2 with algorithm.kind = \"fdfo\" (a group is the pair)",
+                });
+            }
+            if !r.shared_initial_noise {
+                p.push(PreflightProblem::OutOfRange {
+                    key: "rollout.shared_initial_noise",
+                    given: "false".into(),
+                    allowed: need,
+                });
+            }
+            if self.sampling.sde_type != SdeKind::Churn {
+                p.push(PreflightProblem::OutOfRange {
+                    key: "sampling.sde_type",
+                    given: format!("{:?}", self.sampling.sde_type),
+                    allowed: "\"churn\" with algorithm.kind = \"fdfo\" (the pair's difference is churn noise)",
+                });
+            }
+            if !r.micro_batch_size.is_multiple_of(2) {
+                p.push(PreflightProblem::OutOfRange {
+                    key: "rollout.micro_batch_size",
+                    given: r.micro_batch_size.to_string(),
+                    allowed: "even with algorithm.kind = \"fdfo\" (a micro-batch holds whole pairs)",
+                });
+            }
+        }
         if let AlgorithmSection::Dpo(_) = &self.algorithm {
             let r = &self.rollout;
             if r.group_size < 2 {
@@ -700,6 +732,18 @@ fn check_algorithm(a: &AlgorithmSection, p: &mut Vec<PreflightProblem>) -> Optio
             })
         }
         AlgorithmSection::Nft(n) => check_nft(n, p),
+        AlgorithmSection::Fdfo(f) => {
+            if f.eps.is_finite() && f.eps > 0.0 {
+                Some(AlgorithmPlan::Fdfo { eps: f.eps })
+            } else {
+                p.push(PreflightProblem::OutOfRange {
+                    key: "algorithm.eps",
+                    given: f.eps.to_string(),
+                    allowed: "a finite value > 0 (the paper's SPO uses 0.03)",
+                });
+                None
+            }
+        }
         AlgorithmSection::Dpok(d) => {
             let clip_range = check_clip_range(
                 d.eps_clip,
@@ -1120,6 +1164,11 @@ pub enum AlgorithmPlan {
         kl_coef: f64,
         /// The weight of the velocity KL to the EMA copy.
         ema_kl_coef: f64,
+    },
+    /// Paired finite differences.
+    Fdfo {
+        /// SPO's `ε`.
+        eps: f64,
     },
     /// DPOK.
     Dpok {

@@ -80,6 +80,10 @@ pub const TRAIN_DPO_MODEL_MARGIN: &str = "train/dpo_model_margin";
 pub const TRAIN_DPO_REFERENCE_MARGIN: &str = "train/dpo_reference_margin";
 /// Online DPO: (pair, timestep) terms per update.
 pub const TRAIN_DPO_PAIRS: &str = "train/dpo_pairs";
+/// Paired finite differences: the mean SPO proxy ratio `ρ`.
+pub const TRAIN_SPO_RATIO_MEAN: &str = "train/spo_ratio_mean";
+/// Paired finite differences: the largest `|ρ - 1|`.
+pub const TRAIN_SPO_RATIO_MAX_DEVIATION: &str = "train/spo_ratio_max_deviation";
 /// The soft update's `η` applied to the sampling copy after the rollout.
 pub const TRAIN_SAMPLER_DECAY: &str = "train/sampler_decay";
 
@@ -95,6 +99,8 @@ pub const OPTIONAL: &[&str] = &[
     TRAIN_DPO_MODEL_MARGIN,
     TRAIN_DPO_REFERENCE_MARGIN,
     TRAIN_DPO_PAIRS,
+    TRAIN_SPO_RATIO_MEAN,
+    TRAIN_SPO_RATIO_MAX_DEVIATION,
 ];
 
 /// CPU seconds (user + system, every thread) this process has spent since [`crate::Run::run`]

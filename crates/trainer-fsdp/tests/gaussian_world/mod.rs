@@ -595,6 +595,38 @@ pub fn start_dpo(root: &Path, rollouts: u64, extra: &[&str]) -> DpoRun {
     .unwrap()
 }
 
+/// The Gaussian-world run under paired finite differences.
+pub type FdfoRun = Run<Train, GaussianWorld, trainer_fsdp::Fdfo, LocalWorkers>;
+
+/// An FDFO run of `config(root, ..)` with the `fdfo` preset, then `extra`, writing into
+/// `root/run`.
+pub fn start_fdfo(root: &Path, rollouts: u64, extra: &[&str]) -> FdfoRun {
+    let preset: Vec<String> = trainer_fsdp::config::algorithm_overrides("fdfo")
+        .unwrap()
+        .iter()
+        .map(|o| format!("{}={}", o.path.join("."), o.value))
+        .collect();
+    let mut o: Vec<&str> = preset.iter().map(String::as_str).collect();
+    o.extend_from_slice(extra);
+    let cfg = config(root, rollouts, &o);
+    let pre = cfg.preflight().unwrap();
+    let trainer_fsdp::AlgorithmPlan::Fdfo { eps } = pre.algorithm.clone() else {
+        panic!("an FDFO plan")
+    };
+    let world = GaussianWorld::new(&cfg.reward.scorers).unwrap();
+    let workers = LocalWorkers::new(cfg.run.threads());
+    Run::new(
+        cfg,
+        pre,
+        &root.join("run"),
+        Default::default(),
+        world,
+        trainer_fsdp::Fdfo { eps },
+        workers,
+    )
+    .unwrap()
+}
+
 /// The offset of a run's EMA copy (`[ema]`).
 pub fn ema_delta<A: trainer_fsdp::Algorithm<Train, GaussianWorld>>(
     run: &Run<Train, GaussianWorld, A, LocalWorkers>,
