@@ -264,10 +264,18 @@ fn no_silent_defaults_and_no_unknown_keys() {
 
     // an unknown algorithm kind names the known ones
     let err = TrainConfig::qwen_image_t2i_lora()
-        .with_overrides(&[Override::parse("algorithm.kind=fdfo").unwrap()])
+        .with_overrides(&[Override::parse("algorithm.kind=grpo_guard").unwrap()])
         .unwrap_err();
     let msg = err.to_string();
-    for kind in ["fdfo", "flow_grpo", "awm", "nft", "dpo", "dpok"] {
+    for kind in [
+        "grpo_guard",
+        "flow_grpo",
+        "awm",
+        "nft",
+        "dpo",
+        "dpok",
+        "fdfo",
+    ] {
         assert!(msg.contains(kind), "{kind}: {msg}");
     }
 }
