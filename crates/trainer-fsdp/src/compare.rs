@@ -179,7 +179,8 @@ pub fn comparison_table(curves: &[RunCurve], target_method: &str) -> String {
 /// Plots every method's held-out reward against training CPU seconds: per method, the mean
 /// over its seeds of the `i`-th evaluation at the mean CPU seconds of those evaluations (up to
 /// the fewest evaluations any of its seeds has), with the standard error of that mean over
-/// seeds as the bar; written as a PNG to `path`.
+/// seeds as the bar (with one seed, the evaluation's own standard error); written as a PNG to
+/// `path`.
 ///
 /// # Errors
 /// Drawing and file errors.
@@ -195,9 +196,13 @@ pub fn write_plot(curves: &[RunCurve], path: &Path) -> Result<(), TrainerError> 
             let ys: Vec<f64> = runs.iter().map(|c| c.points[i].reward).collect();
             let k = ys.len() as f64;
             let mean = ys.iter().sum::<f64>() / k;
-            let var = ys.iter().map(|y| (y - mean) * (y - mean)).sum::<f64>() / (k - 1.0).max(1.0);
             pts.push((xs.iter().sum::<f64>() / k, mean));
-            bars.push((var / k).sqrt());
+            if runs.len() == 1 {
+                bars.push(runs[0].points[i].stderr);
+            } else {
+                let var = ys.iter().map(|y| (y - mean) * (y - mean)).sum::<f64>() / (k - 1.0);
+                bars.push((var / k).sqrt());
+            }
         }
         series.push(Series::new(m, pts).with_errors(bars));
     }
