@@ -875,8 +875,9 @@ pub const ALGORITHM_NAMES: &[&str] =
 /// `mix_grpo` is FlowGRPO's objective on MixGRPO's sampling: a sliding window of 2 trained
 /// steps over the schedule (moving by 1 every 5 rollouts, back to the start past the end;
 /// the other trained-step keys off) and DPM-Solver++(2M) on every other step. `fdfo` sets
-/// pairs (`group_size = 2`, one `x_T` per pair) and churn at the trained steps
-/// (`sde_type = "churn"`, `eta = 0.0025`, the paper's γ).
+/// pairs (`group_size = 2`, one `x_T` per pair, micro-batches of one pair: the only size that
+/// divides every update of whole pairs; a larger divisor of the update is faster) and churn at
+/// the trained steps (`sde_type = "churn"`, `eta = 0.0025`, the paper's γ).
 ///
 /// ```
 /// let o = trainer_fsdp::config::algorithm_overrides("nft").unwrap();
@@ -898,6 +899,7 @@ pub fn algorithm_overrides(name: &str) -> Result<Vec<Override>, TrainerError> {
             let mut o = vec![section(name)?];
             o.extend(Override::parse_all(&[
                 "rollout.group_size=2",
+                "rollout.micro_batch_size=2",
                 "rollout.shared_initial_noise=true",
                 "sampling.sde_type=\"churn\"",
                 "sampling.eta=0.0025",
