@@ -17,13 +17,17 @@ const GRID: Rgb = [225, 225, 225];
 const GLYPH: u32 = 8;
 const LINE: u32 = 10;
 /// Colours of successive series without their own.
-const PALETTE: [Rgb; 6] = [
+const PALETTE: [Rgb; 10] = [
     [31, 119, 180],
     [214, 39, 40],
     [44, 160, 44],
     [255, 127, 14],
     [148, 103, 189],
     [140, 86, 75],
+    [227, 119, 194],
+    [127, 127, 127],
+    [188, 189, 34],
+    [23, 190, 207],
 ];
 
 /// One named line of a plot.
