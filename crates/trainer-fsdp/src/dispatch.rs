@@ -133,60 +133,109 @@ fn with_algorithm<B: AutodiffBackend, W: World<B>, J: Job<B>>(
     world: W,
     job: J,
 ) -> Result<J::Output, TrainerError> {
-    match &pre.algorithm {
-        AlgorithmPlan::FlowGrpo {
-            clip_range,
-            anchor,
-            kl_coef,
-        } => job.run(
-            world,
-            FlowGrpo::new(*clip_range)
-                .with_anchor(*anchor)
-                .with_kl(*kl_coef),
-        ),
-        AlgorithmPlan::Awm {
-            clip_range,
-            weighting,
-            advantage_limit,
-            kl_coef,
-            ema_kl_coef,
-        } => job.run(
-            world,
-            Awm {
-                clip: *clip_range,
-                weighting: *weighting,
-                advantage_limit: *advantage_limit,
-                kl_coef: *kl_coef,
-                ema_kl_coef: *ema_kl_coef,
-            },
-        ),
-        AlgorithmPlan::Dpo { beta } => job.run(world, Dpo { beta: *beta }),
-        AlgorithmPlan::Fdfo { eps } => job.run(world, Fdfo { eps: *eps }),
-        AlgorithmPlan::Dpok {
-            clip_range,
-            reward_weight,
-            kl_coef,
-            anchor,
-        } => job.run(
-            world,
-            FlowGrpo::dpok(*clip_range, *reward_weight)
-                .with_anchor(*anchor)
-                .with_kl(*kl_coef),
-        ),
-        AlgorithmPlan::Nft {
-            beta,
-            advantage_limit,
-            soft_update,
-            kl_coef,
-        } => job.run(
-            world,
-            Nft {
-                beta: *beta,
-                advantage_limit: *advantage_limit,
-                soft_update: *soft_update,
-                kl_coef: *kl_coef,
-            },
-        ),
+    // each arm's plan builds its algorithm: `from_plan` matches the same variants
+    let plan = &pre.algorithm;
+    match plan {
+        AlgorithmPlan::FlowGrpo { .. } | AlgorithmPlan::Dpok { .. } => {
+            job.run(world, FlowGrpo::from_plan(plan).expect("its plan"))
+        }
+        AlgorithmPlan::Awm { .. } => job.run(world, Awm::from_plan(plan).expect("its plan")),
+        AlgorithmPlan::Nft { .. } => job.run(world, Nft::from_plan(plan).expect("its plan")),
+        AlgorithmPlan::Dpo { .. } => job.run(world, Dpo::from_plan(plan).expect("its plan")),
+        AlgorithmPlan::Fdfo { .. } => job.run(world, Fdfo::from_plan(plan).expect("its plan")),
+    }
+}
+
+/// An algorithm built from the validated `[algorithm]` of a config: the one place a plan's
+/// fields become an algorithm's.
+pub trait FromPlan: Sized {
+    /// The algorithm of `plan`, `None` when the plan is another algorithm's.
+    fn from_plan(plan: &AlgorithmPlan) -> Option<Self>;
+}
+
+impl FromPlan for FlowGrpo {
+    /// FlowGRPO's and DPOK's plans (DPOK is FlowGRPO's replay with its own objective).
+    fn from_plan(plan: &AlgorithmPlan) -> Option<Self> {
+        match *plan {
+            AlgorithmPlan::FlowGrpo {
+                clip_range,
+                anchor,
+                kl_coef,
+            } => Some(
+                FlowGrpo::new(clip_range)
+                    .with_anchor(anchor)
+                    .with_kl(kl_coef),
+            ),
+            AlgorithmPlan::Dpok {
+                clip_range,
+                reward_weight,
+                kl_coef,
+                anchor,
+            } => Some(
+                FlowGrpo::dpok(clip_range, reward_weight)
+                    .with_anchor(anchor)
+                    .with_kl(kl_coef),
+            ),
+            _ => None,
+        }
+    }
+}
+
+impl FromPlan for Awm {
+    fn from_plan(plan: &AlgorithmPlan) -> Option<Self> {
+        match *plan {
+            AlgorithmPlan::Awm {
+                clip_range,
+                weighting,
+                advantage_limit,
+                kl_coef,
+                ema_kl_coef,
+            } => Some(Awm {
+                clip: clip_range,
+                weighting,
+                advantage_limit,
+                kl_coef,
+                ema_kl_coef,
+            }),
+            _ => None,
+        }
+    }
+}
+
+impl FromPlan for Nft {
+    fn from_plan(plan: &AlgorithmPlan) -> Option<Self> {
+        match *plan {
+            AlgorithmPlan::Nft {
+                beta,
+                advantage_limit,
+                soft_update,
+                kl_coef,
+            } => Some(Nft {
+                beta,
+                advantage_limit,
+                soft_update,
+                kl_coef,
+            }),
+            _ => None,
+        }
+    }
+}
+
+impl FromPlan for Dpo {
+    fn from_plan(plan: &AlgorithmPlan) -> Option<Self> {
+        match *plan {
+            AlgorithmPlan::Dpo { beta } => Some(Dpo { beta }),
+            _ => None,
+        }
+    }
+}
+
+impl FromPlan for Fdfo {
+    fn from_plan(plan: &AlgorithmPlan) -> Option<Self> {
+        match *plan {
+            AlgorithmPlan::Fdfo { eps } => Some(Fdfo { eps }),
+            _ => None,
+        }
     }
 }
 

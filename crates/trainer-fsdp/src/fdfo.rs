@@ -163,26 +163,30 @@ impl<B: AutodiffBackend, W: World<B>> Algorithm<B, W> for Fdfo {
         let n = samples.len();
         let per = frozen.per;
         let g = ctx.batch.group_size();
-        // each sample's partner is the other candidate of its group (pairs: g = 2)
-        let endpoint = |i: usize| -> Result<Vec<f32>, TrainerError> {
-            let traj = &ctx.batch.trajectories[i / g];
-            let e = traj
-                .tracks
-                .endpoint
-                .as_ref()
-                .ok_or(TrainerError::MissingEndpoint {
+        // each sample's partner is the other candidate of its group (pairs: g = 2); each
+        // group's endpoints are decoded once
+        let mut groups: Vec<(usize, Vec<f32>)> = Vec::new();
+        for gi in samples.start / g..samples.end.div_ceil(g) {
+            let e = ctx.batch.trajectories[gi].tracks.endpoint.as_ref().ok_or(
+                TrainerError::MissingEndpoint {
                     rollout: ctx.batch.rollout_id,
-                    group: i / g,
-                })?;
+                    group: gi,
+                },
+            )?;
+            groups.push((gi, e.to_f32()));
+        }
+        let endpoint = |i: usize| -> &[f32] {
+            let (gi, values) = &groups[i / g - samples.start / g];
+            debug_assert_eq!(*gi, i / g);
             let slot = i % g;
-            Ok(e.to_f32()[slot * per..(slot + 1) * per].to_vec())
+            &values[slot * per..(slot + 1) * per]
         };
         let mut dx = Vec::with_capacity(n * per);
         let mut dr = Vec::with_capacity(n);
         for i in samples.clone() {
             let j = i ^ 1;
-            let (xi, xj) = (endpoint(i)?, endpoint(j)?);
-            dx.extend(xj.iter().zip(&xi).map(|(b, a)| b - a));
+            let (xi, xj) = (endpoint(i), endpoint(j));
+            dx.extend(xj.iter().zip(xi).map(|(b, a)| b - a));
             dr.push((ctx.advantages.values[j] - ctx.advantages.values[i]) as f32);
         }
         let dx_bar = normalised_difference(Tensor::<B, 2>::from_data(

@@ -539,19 +539,7 @@ fn the_cpu_budget_ends_the_run_with_an_evaluation() {
 /// reward rises.
 fn mix_grpo_trains_on_its_sliding_window() {
     let dir = tempfile::tempdir().unwrap();
-    let o: Vec<String> = trainer_fsdp::config::algorithm_overrides("mix_grpo")
-        .unwrap()
-        .iter()
-        .map(|o| {
-            if o.unset {
-                format!("{}=", o.path.join("."))
-            } else {
-                format!("{}={}", o.path.join("."), o.value)
-            }
-        })
-        .collect();
-    let o: Vec<&str> = o.iter().map(String::as_str).collect();
-    let mut run = start(dir.path(), ROLLOUTS, &o);
+    let mut run: GaussianRun = start_with(dir.path(), ROLLOUTS, "mix_grpo", &[]);
     let summary = run.run(&StopFlag::new()).unwrap();
     let (a, b) = (summary.initial_eval.unwrap(), summary.final_eval.unwrap());
     assert!(
@@ -617,15 +605,11 @@ fn fdfo_trains_on_paired_differences() {
         ),
         ("rollout.group_size=4", "rollout.group_size"),
     ] {
-        let mut o: Vec<String> = trainer_fsdp::config::algorithm_overrides("fdfo")
-            .unwrap()
-            .iter()
-            .map(|o| format!("{}={}", o.path.join("."), o.value))
-            .collect();
-        o.push(extra.into());
-        let o: Vec<&str> = o.iter().map(String::as_str).collect();
-        let err = config(none.path(), 1, &o)
-            .preflight()
+        let mut o = trainer_fsdp::config::algorithm_overrides("fdfo").unwrap();
+        o.push(trainer_fsdp::Override::parse(extra).unwrap());
+        let err = config(none.path(), 1, &[])
+            .with_overrides(&o)
+            .and_then(|c| c.preflight())
             .unwrap_err()
             .to_string();
         assert!(err.contains(key), "{extra}: {err}");

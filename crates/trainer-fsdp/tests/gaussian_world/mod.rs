@@ -463,24 +463,8 @@ fn build_in(
     run_dir: &Path,
     world: GaussianWorld,
 ) -> Result<GaussianRun, TrainerError> {
-    let algorithm = match pre.algorithm.clone() {
-        trainer_fsdp::AlgorithmPlan::FlowGrpo {
-            clip_range,
-            anchor,
-            kl_coef,
-        } => FlowGrpo::new(clip_range)
-            .with_anchor(anchor)
-            .with_kl(kl_coef),
-        trainer_fsdp::AlgorithmPlan::Dpok {
-            clip_range,
-            reward_weight,
-            kl_coef,
-            anchor,
-        } => FlowGrpo::dpok(clip_range, reward_weight)
-            .with_anchor(anchor)
-            .with_kl(kl_coef),
-        other => panic!("a FlowGRPO or DPOK plan, not {other:?}"),
-    };
+    let algorithm = <FlowGrpo as trainer_fsdp::dispatch::FromPlan>::from_plan(&pre.algorithm)
+        .expect("a FlowGRPO or DPOK plan");
     let workers = LocalWorkers::new(cfg.run.threads());
     Run::new(
         cfg,
@@ -493,23 +477,23 @@ fn build_in(
     )
 }
 
-/// An AWM run of `config(root, ..)` (its `[algorithm]` replaced by AWM's defaults, then
-/// `extra`) writing into `root/run`.
-pub fn start_awm(root: &Path, rollouts: u64, extra: &[&str]) -> AwmRun {
-    let mut o = vec!["algorithm={ kind = \"awm\" }"];
-    o.extend_from_slice(extra);
-    let cfg = config(root, rollouts, &o);
+/// A run of `config(root, ..)` with the main example's `--algorithm name` preset
+/// ([`trainer_fsdp::config::algorithm_overrides`]), then `extra`, writing into `root/run`.
+pub fn start_with<A>(
+    root: &Path,
+    rollouts: u64,
+    name: &str,
+    extra: &[&str],
+) -> Run<Train, GaussianWorld, A, LocalWorkers>
+where
+    A: trainer_fsdp::Algorithm<Train, GaussianWorld> + trainer_fsdp::dispatch::FromPlan,
+{
+    let mut cfg = config(root, rollouts, &[]);
+    let mut o = trainer_fsdp::config::algorithm_overrides(name).unwrap();
+    o.extend(Override::parse_all(extra).unwrap());
+    cfg = cfg.with_overrides(&o).unwrap();
     let pre = cfg.preflight().unwrap();
-    let trainer_fsdp::AlgorithmPlan::Awm {
-        clip_range,
-        weighting,
-        advantage_limit,
-        kl_coef,
-        ema_kl_coef,
-    } = pre.algorithm.clone()
-    else {
-        panic!("an AWM plan")
-    };
+    let algorithm = A::from_plan(&pre.algorithm).expect("the preset's plan");
     let world = GaussianWorld::new(&cfg.reward.scorers).unwrap();
     let workers = LocalWorkers::new(cfg.run.threads());
     Run::new(
@@ -518,113 +502,39 @@ pub fn start_awm(root: &Path, rollouts: u64, extra: &[&str]) -> AwmRun {
         &root.join("run"),
         Default::default(),
         world,
-        trainer_fsdp::Awm {
-            clip: clip_range,
-            weighting,
-            advantage_limit,
-            kl_coef,
-            ema_kl_coef,
-        },
+        algorithm,
         workers,
     )
     .unwrap()
+}
+
+/// An AWM run with its defaults, then `extra` (see [`start_with`]).
+pub fn start_awm(root: &Path, rollouts: u64, extra: &[&str]) -> AwmRun {
+    start_with(root, rollouts, "awm", extra)
 }
 
 /// The Gaussian-world run under DiffusionNFT.
 pub type NftRun = Run<Train, GaussianWorld, trainer_fsdp::Nft, LocalWorkers>;
 
-/// A DiffusionNFT run of `config(root, ..)` (its `[algorithm]` replaced by NFT's defaults,
-/// `sampling.eta = 0`, then `extra`) writing into `root/run`.
+/// A DiffusionNFT run with its defaults and `sampling.eta = 0`, then `extra`.
 pub fn start_nft(root: &Path, rollouts: u64, extra: &[&str]) -> NftRun {
-    let mut o = vec!["algorithm={ kind = \"nft\" }", "sampling.eta=0.0"];
-    o.extend_from_slice(extra);
-    let cfg = config(root, rollouts, &o);
-    let pre = cfg.preflight().unwrap();
-    let trainer_fsdp::AlgorithmPlan::Nft {
-        beta,
-        advantage_limit,
-        soft_update,
-        kl_coef,
-    } = pre.algorithm.clone()
-    else {
-        panic!("an NFT plan")
-    };
-    let world = GaussianWorld::new(&cfg.reward.scorers).unwrap();
-    let workers = LocalWorkers::new(cfg.run.threads());
-    Run::new(
-        cfg,
-        pre,
-        &root.join("run"),
-        Default::default(),
-        world,
-        trainer_fsdp::Nft {
-            beta,
-            advantage_limit,
-            soft_update,
-            kl_coef,
-        },
-        workers,
-    )
-    .unwrap()
+    start_with(root, rollouts, "nft", extra)
 }
 
 /// The Gaussian-world run under online DPO.
 pub type DpoRun = Run<Train, GaussianWorld, trainer_fsdp::Dpo, LocalWorkers>;
 
-/// An online-DPO run of `config(root, ..)` (its `[algorithm]` replaced by DPO's defaults,
-/// `sampling.eta = 0`, then `extra`) writing into `root/run`.
+/// An online-DPO run with its defaults and `sampling.eta = 0`, then `extra`.
 pub fn start_dpo(root: &Path, rollouts: u64, extra: &[&str]) -> DpoRun {
-    let mut o = vec!["algorithm={ kind = \"dpo\" }", "sampling.eta=0.0"];
-    o.extend_from_slice(extra);
-    let cfg = config(root, rollouts, &o);
-    let pre = cfg.preflight().unwrap();
-    let trainer_fsdp::AlgorithmPlan::Dpo { beta } = pre.algorithm.clone() else {
-        panic!("a DPO plan")
-    };
-    let world = GaussianWorld::new(&cfg.reward.scorers).unwrap();
-    let workers = LocalWorkers::new(cfg.run.threads());
-    Run::new(
-        cfg,
-        pre,
-        &root.join("run"),
-        Default::default(),
-        world,
-        trainer_fsdp::Dpo { beta },
-        workers,
-    )
-    .unwrap()
+    start_with(root, rollouts, "dpo", extra)
 }
 
 /// The Gaussian-world run under paired finite differences.
 pub type FdfoRun = Run<Train, GaussianWorld, trainer_fsdp::Fdfo, LocalWorkers>;
 
-/// An FDFO run of `config(root, ..)` with the `fdfo` preset, then `extra`, writing into
-/// `root/run`.
+/// An FDFO run with the `fdfo` preset, then `extra`.
 pub fn start_fdfo(root: &Path, rollouts: u64, extra: &[&str]) -> FdfoRun {
-    let preset: Vec<String> = trainer_fsdp::config::algorithm_overrides("fdfo")
-        .unwrap()
-        .iter()
-        .map(|o| format!("{}={}", o.path.join("."), o.value))
-        .collect();
-    let mut o: Vec<&str> = preset.iter().map(String::as_str).collect();
-    o.extend_from_slice(extra);
-    let cfg = config(root, rollouts, &o);
-    let pre = cfg.preflight().unwrap();
-    let trainer_fsdp::AlgorithmPlan::Fdfo { eps } = pre.algorithm.clone() else {
-        panic!("an FDFO plan")
-    };
-    let world = GaussianWorld::new(&cfg.reward.scorers).unwrap();
-    let workers = LocalWorkers::new(cfg.run.threads());
-    Run::new(
-        cfg,
-        pre,
-        &root.join("run"),
-        Default::default(),
-        world,
-        trainer_fsdp::Fdfo { eps },
-        workers,
-    )
-    .unwrap()
+    start_with(root, rollouts, "fdfo", extra)
 }
 
 /// The offset of a run's EMA copy (`[ema]`).
