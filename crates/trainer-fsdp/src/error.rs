@@ -329,6 +329,31 @@ pub enum TrainerError {
         world_size: usize,
     },
 
+    /// A collective operation between the ranks failed (a rank that ended, a mismatch of the
+    /// operations the ranks issued, the collective runtime itself).
+    #[error("rank {rank} of {world_size}: the collective `{operation}` failed: {cause}")]
+    Collective {
+        /// This rank.
+        rank: usize,
+        /// Ranks in the run.
+        world_size: usize,
+        /// What was being exchanged.
+        operation: String,
+        /// The collective runtime's error, or what did not match.
+        cause: String,
+    },
+
+    /// Another rank of the run failed, so this one stopped too.
+    #[error("rank {rank} of {world_size} failed: {message}")]
+    RankFailed {
+        /// The rank that failed first.
+        rank: usize,
+        /// Ranks in the run.
+        world_size: usize,
+        /// Its error or panic message.
+        message: String,
+    },
+
     /// A trained step index is outside the schedule.
     #[error("trained step {step} is outside a {steps}-step schedule")]
     TrainedStepOutOfRange {

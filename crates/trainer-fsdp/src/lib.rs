@@ -107,5 +107,7 @@ pub use train::{
     advantage_metrics, advantages, autodiff_replicas, check_master_dtype, failure_messages,
     train_step, train_step_threads,
 };
+#[cfg(feature = "collective")]
+pub use workers::{CollectiveWorkers, NodeSetup};
 pub use workers::{LocalWorkers, ScalarReduce, Workers};
 pub use world::{HeldOutPrompt, LoadedPolicy, World};

@@ -87,11 +87,47 @@ pub trait Workers: Sync {
         model: &M,
     ) -> Result<GradientsParams, TrainerError>;
 
-    /// `values` reduced element-wise over ranks with `op`, in place.
+    /// Every rank's `values`, in rank order (`result[r]` is rank `r`'s), bit for bit: every
+    /// rank must pass as many values.
     ///
     /// # Errors
-    /// A collective that failed.
-    fn reduce_scalars(&self, values: &mut [f64], op: ScalarReduce) -> Result<(), TrainerError>;
+    /// [`TrainerError::Collective`] when the ranks passed different lengths or a collective
+    /// failed.
+    fn all_gather(&self, values: &[f64]) -> Result<Vec<Vec<f64>>, TrainerError>;
+
+    /// `values` reduced element-wise over ranks with `op`, in place: the same result on every
+    /// rank (a sum is taken in rank order, in `f64`; a NaN of any rank makes a min or max
+    /// NaN).
+    ///
+    /// # Errors
+    /// As [`Workers::all_gather`].
+    fn reduce_scalars(&self, values: &mut [f64], op: ScalarReduce) -> Result<(), TrainerError> {
+        if self.world_size() == 1 {
+            return Ok(());
+        }
+        let all = self.all_gather(values)?;
+        for (i, v) in values.iter_mut().enumerate() {
+            let column = all.iter().map(|rank| rank[i]);
+            *v = match op {
+                ScalarReduce::Sum => column.sum(),
+                ScalarReduce::Min => column.fold(f64::INFINITY, |a, x| {
+                    if a.is_nan() || x.is_nan() {
+                        f64::NAN
+                    } else {
+                        a.min(x)
+                    }
+                }),
+                ScalarReduce::Max => column.fold(f64::NEG_INFINITY, |a, x| {
+                    if a.is_nan() || x.is_nan() {
+                        f64::NAN
+                    } else {
+                        a.max(x)
+                    }
+                }),
+            };
+        }
+        Ok(())
+    }
 }
 
 /// One process, one rank: the run's batch is this rank's whole batch, spread over host
@@ -144,7 +180,12 @@ impl Workers for LocalWorkers {
         Ok(grads)
     }
 
-    fn reduce_scalars(&self, _values: &mut [f64], _op: ScalarReduce) -> Result<(), TrainerError> {
-        Ok(())
+    fn all_gather(&self, values: &[f64]) -> Result<Vec<Vec<f64>>, TrainerError> {
+        Ok(vec![values.to_vec()])
     }
 }
+
+#[cfg(feature = "collective")]
+mod collective;
+#[cfg(feature = "collective")]
+pub use collective::{CollectiveWorkers, NodeSetup};
