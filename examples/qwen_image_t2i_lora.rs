@@ -17,6 +17,7 @@
 //! cargo run --release --example qwen_image_t2i_lora -- --algorithm awm # AWM instead of FlowGRPO
 //! cargo run --release --example qwen_image_t2i_lora -- --algorithm nft # DiffusionNFT
 //! cargo run --release --example qwen_image_t2i_lora -- --algorithm dpo # online Flow-DPO
+//! cargo run --release --example qwen_image_t2i_lora -- --devices cpu:0,cpu:1 # two ranks
 //! cargo run --release --features cuda --example qwen_image_t2i_lora -- \
 //!     --recipe qwen_image_t2i_lora --model-path models/Qwen-Image --reward-model-path models/PickScore_v1 --backend cuda
 //! ```
@@ -35,7 +36,7 @@ use anyhow::{Context, Result, bail};
 use burn::backend::Autodiff;
 use burn::tensor::backend::AutodiffBackend;
 use clap::Parser;
-use flowrl::backend::BackendKind;
+use flowrl::backend::{BackendKind, IndexedDevice, parse_devices};
 use trainer_fsdp::config::{GeneratorSource, ScorerSpec};
 use trainer_fsdp::sweep::{SeedOutcome, SweepTable};
 use trainer_fsdp::{Override, Preflight, RecipeName, RunSummary, StopFlag, TrainConfig};
@@ -98,6 +99,11 @@ struct Args {
     /// Backend: cpu, cuda or wgpu (GPU backends need the matching cargo feature).
     #[arg(long, default_value = "cpu")]
     backend: String,
+    /// Train on several ranks of this machine, one per device, sharing each rollout
+    /// (`cuda:0,cuda:1`; `cpu:0,cpu:1` runs two ranks on the CPU). The kind must be the
+    /// backend's.
+    #[arg(long, value_name = "KIND:INDEX,...")]
+    devices: Option<String>,
     /// Run the job once per seed (`run.seed` = first seed, first seed + 1, ...) and write the
     /// table of held-out rewards and gains with their mean, min and max.
     #[arg(long, value_name = "N")]
@@ -169,6 +175,16 @@ fn main() -> Result<()> {
     }
     let kind: BackendKind = args.backend.parse()?;
     kind.ensure_available()?;
+    let devices = match &args.devices {
+        Some(list) => {
+            let (devices_kind, indices) = parse_devices(list)?;
+            if devices_kind != kind {
+                bail!("--devices {list} are {devices_kind} devices; add --backend {devices_kind}");
+            }
+            indices
+        }
+        None => vec![0],
+    };
     if kind != BackendKind::Cpu && cfg.run.host_threads.is_none() {
         // one host thread keeps each batch whole on the device; `--set run.host_threads=N`
         // still wins
@@ -188,7 +204,7 @@ fn main() -> Result<()> {
     let stop = StopFlag::install()?;
     match args.seeds {
         None => {
-            let summary = dispatch_backend(kind, &cfg, &pre, &run_dir, &stop)
+            let summary = dispatch_backend(kind, &devices, &cfg, &pre, &run_dir, &stop)
                 .inspect_err(|e| report_failure(e, &cfg))?;
             report(&summary, &run_dir);
             Ok(())
@@ -209,7 +225,7 @@ fn main() -> Result<()> {
                 let cfg = cfg.clone().with_overrides(&o)?;
                 let pre = cfg.preflight()?;
                 let start = Instant::now();
-                let summary = dispatch_backend(kind, &cfg, &pre, &dir, &stop)
+                let summary = dispatch_backend(kind, &devices, &cfg, &pre, &dir, &stop)
                     .inspect_err(|e| report_failure(e, &cfg))?;
                 report(&summary, &dir);
                 if summary.stopped {
@@ -258,32 +274,52 @@ fn run_dir_overrides(dir: &Path) -> Result<Vec<Override>> {
 
 fn dispatch_backend(
     kind: BackendKind,
+    devices: &[usize],
     cfg: &TrainConfig,
     pre: &Preflight,
     run_dir: &Path,
     stop: &StopFlag,
 ) -> Result<RunSummary> {
     match kind {
-        BackendKind::Cpu => train::<Autodiff<flowrl::backend::Cpu>>(cfg, pre, run_dir, stop),
+        BackendKind::Cpu => {
+            train::<Autodiff<flowrl::backend::Cpu>>(devices, cfg, pre, run_dir, stop)
+        }
         #[cfg(feature = "cuda")]
-        BackendKind::Cuda => train::<Autodiff<flowrl::backend::Cuda>>(cfg, pre, run_dir, stop),
+        BackendKind::Cuda => {
+            train::<Autodiff<flowrl::backend::Cuda>>(devices, cfg, pre, run_dir, stop)
+        }
         #[cfg(feature = "wgpu")]
-        BackendKind::Wgpu => train::<Autodiff<flowrl::backend::Wgpu>>(cfg, pre, run_dir, stop),
+        BackendKind::Wgpu => {
+            train::<Autodiff<flowrl::backend::Wgpu>>(devices, cfg, pre, run_dir, stop)
+        }
         #[allow(unreachable_patterns)]
         other => bail!("backend {other} is not compiled in"),
     }
 }
 
 fn train<B: AutodiffBackend>(
+    devices: &[usize],
     cfg: &TrainConfig,
     pre: &Preflight,
     run_dir: &Path,
     stop: &StopFlag,
 ) -> Result<RunSummary>
 where
-    B::Device: Default,
+    B::Device: Default + IndexedDevice,
 {
-    let device = B::Device::default();
+    if devices.len() > 1 {
+        let devices: Vec<B::Device> = devices.iter().map(|&i| B::Device::at(i)).collect();
+        for d in &devices {
+            B::seed(d, cfg.run.seed);
+        }
+        return Ok(trainer_fsdp::dispatch::train_ranks::<B>(
+            cfg, pre, run_dir, &devices, stop,
+        )?);
+    }
+    let device = match devices.first() {
+        Some(&i) if i > 0 => B::Device::at(i),
+        _ => B::Device::default(),
+    };
     B::seed(&device, cfg.run.seed);
     Ok(trainer_fsdp::dispatch::train::<B>(
         cfg, pre, run_dir, &device, stop,

@@ -176,6 +176,80 @@ impl FromStr for BackendKind {
     }
 }
 
+/// A device of a backend by its index on the machine (`cuda:1`): the devices of a multi-rank
+/// run. The CPU backend has one device, which every CPU rank shares (`cpu:0`, `cpu:1` are
+/// ranks, not separate hardware).
+pub trait IndexedDevice: Sized {
+    /// Device `index`.
+    fn at(index: usize) -> Self;
+}
+
+impl IndexedDevice for burn::backend::flex::FlexDevice {
+    fn at(_index: usize) -> Self {
+        Self
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl IndexedDevice for burn::backend::cuda::CudaDevice {
+    fn at(index: usize) -> Self {
+        Self { index }
+    }
+}
+
+#[cfg(feature = "wgpu")]
+impl IndexedDevice for burn::backend::wgpu::WgpuDevice {
+    fn at(index: usize) -> Self {
+        Self::DiscreteGpu(index)
+    }
+}
+
+/// The devices of `--devices`: `kind:index` entries separated by commas (`cuda:0,cuda:1`,
+/// `cpu:0,cpu:1`), one backend for all, no index twice (except on the CPU, whose ranks share
+/// its one device: `cpu:0,cpu:0` is two ranks on it as well).
+///
+/// ```
+/// use flowrl::backend::{BackendKind, parse_devices};
+/// assert_eq!(parse_devices("cuda:0,cuda:1").unwrap(), (BackendKind::Cuda, vec![0, 1]));
+/// assert!(parse_devices("cuda:0,cpu:1").is_err());
+/// assert!(parse_devices("cuda:0,cuda:0").is_err());
+/// assert!(parse_devices("gpu0").is_err());
+/// ```
+///
+/// # Errors
+/// [`BackendError::Devices`] naming the entry and what was expected.
+pub fn parse_devices(list: &str) -> Result<(BackendKind, Vec<usize>), BackendError> {
+    let bad = |why: String| BackendError::Devices {
+        given: list.to_string(),
+        why,
+    };
+    let mut kind = None;
+    let mut indices = Vec::new();
+    for entry in list.split(',').map(str::trim) {
+        let (k, i) = entry
+            .split_once(':')
+            .ok_or_else(|| bad(format!("{entry:?} is not kind:index")))?;
+        let k: BackendKind = k.parse()?;
+        let i: usize = i
+            .parse()
+            .map_err(|_| bad(format!("{entry:?}: the index is not a number")))?;
+        match kind {
+            None => kind = Some(k),
+            Some(first) if first != k => {
+                return Err(bad(format!(
+                    "{first} and {k} in one run: one backend for all"
+                )));
+            }
+            Some(_) => {}
+        }
+        if k != BackendKind::Cpu && indices.contains(&i) {
+            return Err(bad(format!("{entry} twice")));
+        }
+        indices.push(i);
+    }
+    Ok((kind.ok_or_else(|| bad("no device".into()))?, indices))
+}
+
 /// Why a backend cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BackendError {
@@ -184,6 +258,16 @@ pub enum BackendError {
     Unknown {
         /// The name given.
         given: String,
+    },
+    /// A `--devices` list that cannot be used.
+    #[error(
+        "--devices {given}: {why}; expected kind:index entries separated by commas, e.g. cuda:0,cuda:1"
+    )]
+    Devices {
+        /// The list given.
+        given: String,
+        /// What is wrong with it.
+        why: String,
     },
     /// The backend exists but this binary was built without it.
     #[error("backend {kind} is not compiled into this binary; rebuild with `--features {feature}`")]

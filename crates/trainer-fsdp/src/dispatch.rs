@@ -281,28 +281,8 @@ impl<B: AutodiffBackend> Job<B> for TrainJob<B> {
     ) -> Result<RunSummary, TrainerError> {
         let cfg = self.cfg;
         println!(
-            "flowrl {} ({}) in the {}: {} rollouts of {} prompts x {} candidates{}, {} steps ({}), LoRA rank {}{}, lr {}, seed {}; run directory {}",
-            algorithm.name(),
-            cfg.recipe.map(|r| r.as_str()).unwrap_or("config file"),
-            world.name(),
-            cfg.run.num_rollouts,
-            cfg.rollout.prompts_per_rollout,
-            cfg.rollout.group_size,
-            if cfg.rollout.shared_initial_noise {
-                " (one x_T per group)"
-            } else {
-                ""
-            },
-            cfg.sampling.num_inference_steps,
-            trained_steps(&cfg),
-            cfg.lora_rank(),
-            match cfg.lora.as_ref().and_then(|l| l.init_from.as_ref()) {
-                Some(p) => format!(" started from {}", p.display()),
-                None => String::new(),
-            },
-            cfg.optimizer.lr,
-            cfg.run.seed,
-            self.run_dir.display(),
+            "{}",
+            banner(&cfg, algorithm.name(), &world.name(), &self.run_dir)
         );
         let workers = LocalWorkers::new(cfg.run.threads());
         let mut run = Run::new(
@@ -318,6 +298,34 @@ impl<B: AutodiffBackend> Job<B> for TrainJob<B> {
     }
 }
 
+/// The one-line banner of a training run.
+fn banner(cfg: &TrainConfig, algorithm: &str, world: &str, run_dir: &Path) -> String {
+    format!(
+        "flowrl {} ({}) in the {}: {} rollouts of {} prompts x {} candidates{}, {} steps ({}), LoRA rank {}{}, lr {}, seed {}; run directory {}",
+        algorithm,
+        cfg.recipe.map(|r| r.as_str()).unwrap_or("config file"),
+        world,
+        cfg.run.num_rollouts,
+        cfg.rollout.prompts_per_rollout,
+        cfg.rollout.group_size,
+        if cfg.rollout.shared_initial_noise {
+            " (one x_T per group)"
+        } else {
+            ""
+        },
+        cfg.sampling.num_inference_steps,
+        trained_steps(cfg),
+        cfg.lora_rank(),
+        match cfg.lora.as_ref().and_then(|l| l.init_from.as_ref()) {
+            Some(p) => format!(" started from {}", p.display()),
+            None => String::new(),
+        },
+        cfg.optimizer.lr,
+        cfg.run.seed,
+        run_dir.display(),
+    )
+}
+
 /// The banner's description of the trained steps.
 fn trained_steps(cfg: &TrainConfig) -> String {
     let s = &cfg.sampling;
@@ -328,5 +336,123 @@ fn trained_steps(cfg: &TrainConfig) -> String {
         ),
         (_, Some(fixed)) => format!("trained {fixed:?}"),
         _ => format!("{} trained", s.num_sde_steps),
+    }
+}
+
+/// Trains the configured world with the configured algorithm on `devices.len()` ranks of this
+/// process, one thread and one policy replica per device, on burn's collective runtime
+/// ([`launch_ranks`](crate::ranks::launch_ranks)); one device is [`train`].
+///
+/// Every rank rolls out, scores and trains its share of each rollout's prompt groups
+/// ([`Preflight::for_ranks`]), every update's gradients are all-reduced, and the IO rank (0)
+/// evaluates, logs and checkpoints. The checkpoint does not depend on the number of ranks: a
+/// run resumes on any number that divides its batch. When a rank fails (an error or a panic)
+/// every rank ends and the run returns [`TrainerError::RankFailed`] naming the first that
+/// failed. A stop request ends the run after the rollout the ranks are in, with a committed
+/// checkpoint.
+///
+/// # Errors
+/// As [`train`]; [`TrainerError::Preflight`] when the batch cannot be shared by the ranks;
+/// [`TrainerError::RankFailed`].
+#[cfg(feature = "collective")]
+pub fn train_ranks<B: AutodiffBackend>(
+    cfg: &TrainConfig,
+    pre: &Preflight,
+    run_dir: &Path,
+    devices: &[B::Device],
+    stop: &StopFlag,
+) -> Result<RunSummary, TrainerError> {
+    let n = devices.len();
+    if n <= 1 {
+        let device = devices.first().cloned().unwrap_or_default();
+        return train::<B>(cfg, pre, run_dir, &device, stop);
+    }
+    let pre = pre.clone().for_ranks(n)?;
+    let threads = (cfg.run.threads() / n).max(1);
+    let summaries =
+        crate::ranks::launch_ranks::<B::InnerBackend, _, _>(devices, threads, |workers, relay| {
+            use crate::workers::Workers;
+            let device = devices[workers.rank()].clone();
+            let job = RankJob::<B> {
+                cfg: cfg.clone(),
+                pre: pre.clone(),
+                run_dir: run_dir.to_path_buf(),
+                device: device.clone(),
+                stop: stop.clone(),
+                workers,
+                relay,
+            };
+            dispatch(cfg, &pre, &device, job)
+        })?;
+    summaries
+        .into_iter()
+        .next()
+        .flatten()
+        .ok_or_else(|| TrainerError::RankFailed {
+            rank: 0,
+            world_size: n,
+            message: "the IO rank returned no summary".into(),
+        })
+}
+
+/// [`train_ranks`]' job on one rank: the IO rank's returns the run's summary, the others'
+/// `None`.
+#[cfg(feature = "collective")]
+struct RankJob<'a, B: AutodiffBackend> {
+    cfg: TrainConfig,
+    pre: Preflight,
+    run_dir: PathBuf,
+    device: B::Device,
+    stop: StopFlag,
+    workers: &'a crate::workers::CollectiveWorkers,
+    relay: &'a crate::ranks::StartRelay,
+}
+
+#[cfg(feature = "collective")]
+impl<B: AutodiffBackend> Job<B> for RankJob<'_, B> {
+    type Output = Option<RunSummary>;
+
+    fn run<W: World<B>, A: Algorithm<B, W>>(
+        self,
+        world: W,
+        algorithm: A,
+    ) -> Result<Option<RunSummary>, TrainerError> {
+        use crate::workers::Workers;
+        let ranks = self.workers.world_size();
+        let mut run = if self.workers.is_io_rank() {
+            println!(
+                "{}",
+                banner(&self.cfg, algorithm.name(), &world.name(), &self.run_dir)
+            );
+            println!(
+                "{ranks} ranks on this machine, one per device; each rolls out and trains {} of the {} samples of a rollout",
+                self.pre.update_plan.num_samples, self.pre.batch.global_batch_size
+            );
+            let run = Run::new(
+                self.cfg,
+                self.pre,
+                &self.run_dir,
+                self.device,
+                world,
+                algorithm,
+                self.workers,
+            )?;
+            self.relay.publish(run.resumed_from().cloned());
+            run
+        } else {
+            let start = self.relay.wait(ranks)?;
+            Run::follow(
+                self.cfg,
+                self.pre,
+                &self.run_dir,
+                self.device,
+                world,
+                algorithm,
+                self.workers,
+                start,
+            )?
+        };
+        let summary = run.run(&self.stop)?;
+        Ok(self.workers.is_io_rank().then_some(summary))
     }
 }

@@ -320,11 +320,14 @@ pub enum TrainerError {
 
     /// The ranks of a run cannot share the prompt groups of a rollout equally.
     #[error(
-        "{groups} prompt groups per rollout cannot be shared equally by {world_size} ranks (each rank rolls out whole groups)"
+        "{groups} prompt groups per rollout cannot be shared equally by {world_size} ranks in each of {updates} updates: expected a multiple of updates x ranks = {} (each rank rolls out whole groups of every update)",
+        updates * world_size
     )]
     GroupsNotDivisible {
         /// Prompt groups per rollout.
         groups: usize,
+        /// Updates per rollout.
+        updates: usize,
         /// Ranks.
         world_size: usize,
     },

@@ -62,6 +62,8 @@ pub mod monitor;
 pub mod nft;
 pub mod prompt_files;
 pub mod qwen_image_world;
+#[cfg(feature = "collective")]
+pub mod ranks;
 mod rng;
 pub mod rollout;
 pub mod run;

@@ -53,7 +53,9 @@ use trajectory::{
 };
 
 use crate::algorithm::{Algorithm, Recording};
-use crate::checkpoint::{CheckpointStore, EMA_FILE, SAMPLER_FILE, TrainerState};
+use crate::checkpoint::{
+    CheckpointStore, CommittedCheckpoint, EMA_FILE, SAMPLER_FILE, TrainerState,
+};
 use crate::config::{CheckpointFailurePolicy, Preflight, TrainConfig};
 use crate::ema::{Ema, blend};
 use crate::error::{CheckpointProblem, DrawingProblem, TrainerError, io_err};
@@ -263,8 +265,12 @@ where
     /// The stop request of the current [`Run::run`], checked inside sampling and training.
     stop: StopFlag,
     /// The run directory's lock (and those of checkpoint and artifact roots outside it), held
-    /// for the run's life.
-    _locks: (RunLock, Vec<RunLock>),
+    /// for the run's life by the IO rank (the other ranks of a multi-rank run write no shared
+    /// file and hold none).
+    _locks: Option<(RunLock, Vec<RunLock>)>,
+    /// The committed checkpoint this run resumed from, if any (what [`Run::follow`] hands the
+    /// other ranks).
+    resumed_from: Option<CommittedCheckpoint>,
 }
 
 impl<B, W, A, K> Run<B, W, A, K>
@@ -299,6 +305,16 @@ where
             cfg.checkpoint.max_to_keep,
         )?;
         let layout = ArtifactLayout::new(&cfg.artifacts.root, &cfg.run.task)?;
+        if !workers.is_io_rank() {
+            return Err(TrainerError::Collective {
+                rank: workers.rank(),
+                world_size: workers.world_size(),
+                operation: "start the run".into(),
+                cause: "only the IO rank prepares the run directory; the others start with \
+                        Run::follow, from what it chose"
+                    .into(),
+            });
+        }
         let prepared = run_dir::prepare(run_dir, &cfg, &store, &layout)?;
         if let Some(holder) = &prepared.stale {
             println!(
@@ -316,6 +332,106 @@ where
         }
         for c in &prepared.changes {
             println!("resuming with an allowed config change: {c}");
+        }
+        Self::assemble(
+            cfg,
+            pre,
+            run_dir,
+            device,
+            world,
+            algorithm,
+            workers,
+            (store, layout),
+            prepared.start,
+            Some((prepared.lock, prepared.shared_locks)),
+        )
+    }
+
+    /// A rank other than the IO rank of a multi-rank run: starts where the IO rank's
+    /// [`Run::new`] chose to (`resumed_from`, [`Run::resumed_from`] of that run), reading the
+    /// checkpoint and writing nothing shared — no lock, no metrics, no resolved config, no
+    /// checkpoint; it rolls out, scores and trains its share of every rollout.
+    ///
+    /// # Errors
+    /// As [`Run::new`]; [`TrainerError::Collective`] when called on the IO rank.
+    #[allow(clippy::too_many_arguments)]
+    pub fn follow(
+        cfg: TrainConfig,
+        pre: Preflight,
+        run_dir: &Path,
+        device: B::Device,
+        world: W,
+        algorithm: A,
+        workers: K,
+        resumed_from: Option<CommittedCheckpoint>,
+    ) -> Result<Self, TrainerError> {
+        if workers.is_io_rank() {
+            return Err(TrainerError::Collective {
+                rank: workers.rank(),
+                world_size: workers.world_size(),
+                operation: "start the run".into(),
+                cause: "the IO rank starts with Run::new".into(),
+            });
+        }
+        let store = CheckpointStore::new(
+            &cfg.checkpoint.dir,
+            &cfg.run.task,
+            cfg.checkpoint.max_to_keep,
+        )?;
+        let layout = ArtifactLayout::new(&cfg.artifacts.root, &cfg.run.task)?;
+        let start = match resumed_from {
+            Some(checkpoint) => StartFrom::Checkpoint {
+                checkpoint,
+                older: Vec::new(),
+                newer: Vec::new(),
+            },
+            None => StartFrom::Scratch,
+        };
+        Self::assemble(
+            cfg,
+            pre,
+            run_dir,
+            device,
+            world,
+            algorithm,
+            workers,
+            (store, layout),
+            start,
+            None,
+        )
+    }
+
+    /// The committed checkpoint this run resumed from (`None` from scratch).
+    pub fn resumed_from(&self) -> Option<&CommittedCheckpoint> {
+        self.resumed_from.as_ref()
+    }
+
+    /// The run after its directory is prepared (the IO rank) or its start is known (the
+    /// others): the policy loaded and adapted, the checkpoint restored.
+    #[allow(clippy::too_many_arguments)]
+    fn assemble(
+        cfg: TrainConfig,
+        pre: Preflight,
+        run_dir: &Path,
+        device: B::Device,
+        world: W,
+        algorithm: A,
+        workers: K,
+        (store, layout): (CheckpointStore, ArtifactLayout),
+        start: StartFrom,
+        locks: Option<(RunLock, Vec<RunLock>)>,
+    ) -> Result<Self, TrainerError> {
+        let io = workers.is_io_rank();
+        if pre.ranks != workers.world_size() {
+            return Err(TrainerError::Collective {
+                rank: workers.rank(),
+                world_size: workers.world_size(),
+                operation: "start the run".into(),
+                cause: format!(
+                    "the preflight plans for {} ranks (Preflight::for_ranks)",
+                    pre.ranks
+                ),
+            });
         }
         let loaded = world.load_policy(&pre.trainable, cfg.run.seed, &device)?;
         if let Some(keys) = algorithm.reference_keys()
@@ -345,7 +461,8 @@ where
         let mut checkpoint_failures = 0;
         let mut ema = pre.ema.map(|settings| Ema::new(model.clone(), settings));
         let mut sampler = algorithm.sampling_copy().map(|_| model.clone());
-        match prepared.start {
+        let mut resumed_from = None;
+        match start {
             StartFrom::Scratch => {
                 if cfg.checkpoint.resume {
                     println!(
@@ -397,24 +514,27 @@ where
                 let (r, restored_ema, restored_sampler) = r;
                 ema = restored_ema;
                 sampler = restored_sampler;
-                Monitor::check_resume(
-                    run_dir,
-                    r.state.metrics_cursor,
-                    cfg.monitor.jsonl,
-                    cfg.monitor.tensorboard,
-                )?;
-                if let Some(dest) = run_dir::set_aside_newer(&store, &newer)? {
+                if io {
+                    Monitor::check_resume(
+                        run_dir,
+                        r.state.metrics_cursor,
+                        cfg.monitor.jsonl,
+                        cfg.monitor.tensorboard,
+                    )?;
+                    if let Some(dest) = run_dir::set_aside_newer(&store, &newer)? {
+                        println!(
+                            "moved the checkpoints newer than {} aside into {}",
+                            checkpoint.iteration,
+                            dest.display()
+                        );
+                    }
                     println!(
-                        "moved the checkpoints newer than {} aside into {}",
-                        checkpoint.iteration,
-                        dest.display()
+                        "resuming from committed checkpoint {} (next rollout {})",
+                        r.checkpoint.iteration,
+                        r.state.next_rollout_id()
                     );
                 }
-                println!(
-                    "resuming from committed checkpoint {} (next rollout {})",
-                    r.checkpoint.iteration,
-                    r.state.next_rollout_id()
-                );
+                resumed_from = Some(checkpoint.clone());
                 optimizer.set_optimizer(r.optimizer);
                 optimizer.restore(&r.state);
                 model = r.model;
@@ -424,8 +544,13 @@ where
                 checkpoint_failures = r.state.checkpoint_failures;
             }
         }
-        cfg.save_resolved(run_dir)?;
-        let monitor = Monitor::open(run_dir, cursor, cfg.monitor.jsonl, cfg.monitor.tensorboard)?;
+        let monitor = if io {
+            cfg.save_resolved(run_dir)?;
+            Monitor::open(run_dir, cursor, cfg.monitor.jsonl, cfg.monitor.tensorboard)?
+        } else {
+            // the other ranks log nothing: a monitor without files
+            Monitor::open(run_dir, None, false, false)?
+        };
         let spec = SamplerSpec {
             sigmas: pre.schedule.sigmas.as_slice().to_vec(),
             // eta 0 (preflight allows it only for ODE rollouts): every step runs the solver
@@ -464,7 +589,8 @@ where
             weight_hash: loaded.weight_hash,
             checkpoint_failures,
             stop: StopFlag::new(),
-            _locks: (prepared.lock, prepared.shared_locks),
+            _locks: locks,
+            resumed_from,
         })
     }
 
@@ -491,6 +617,11 @@ where
     /// files and exports hold — the EMA copy under `[ema]`, else the policy.
     pub fn handed_out(&self) -> &W::Policy {
         self.ema_model().unwrap_or_else(|| self.model())
+    }
+
+    /// The workers (this rank, the collectives).
+    pub fn workers(&self) -> &K {
+        &self.workers
     }
 
     /// The algorithm.
@@ -540,6 +671,24 @@ where
         rollout_id: u64,
         prompts: &[String],
     ) -> Result<RolloutBatch<W::Sample>, TrainerError> {
+        let groups: Vec<usize> = (0..prompts.len()).collect();
+        self.rollout_groups(rollout_id, prompts, &groups)
+    }
+
+    /// [`Run::rollout`] of this rank's share of a rollout: `prompts[i]` is the rollout's
+    /// prompt group `groups[i]`, whose index keys its candidates' sample ids (hence their
+    /// `x_T` and noise) and names its sidecar and pictures, so that a share sampled on any
+    /// rank is what one rank sampling every group would have drawn. The IO rank clears and
+    /// reaps the rollout's directory; the others wait for it before writing into it.
+    ///
+    /// # Errors
+    /// As [`Run::rollout`], and a failed barrier.
+    pub fn rollout_groups(
+        &self,
+        rollout_id: u64,
+        prompts: &[String],
+        groups: &[usize],
+    ) -> Result<RolloutBatch<W::Sample>, TrainerError> {
         // the algorithm's sampling copy, else the policy
         let model = self
             .sampler
@@ -556,12 +705,17 @@ where
             _ => trained.clone(),
         };
         let retention = Retention::keep_last(self.cfg.artifacts.retention_rollouts);
-        self.layout
-            .begin_rollout(Split::Train, rollout_id, retention)?;
+        if self.workers.is_io_rank() {
+            self.layout
+                .begin_rollout(Split::Train, rollout_id, retention)?;
+        }
+        // the other ranks write into the rollout's directory once it is begun
+        self.workers.barrier()?;
         let ids: Vec<SampleId> = prompts
             .iter()
             .enumerate()
             .flat_map(|(gi, p)| {
+                let gi = groups[gi];
                 (0..g).map(move |slot| {
                     SampleId::new(
                         SampleIdMode::Metadata,
@@ -658,7 +812,7 @@ where
                 common: Common {
                     task: self.cfg.run.task.clone(),
                     rollout_id,
-                    group_index: gi as u64,
+                    group_index: groups[gi] as u64,
                     height: self.cfg.sampling.height,
                     width: self.cfg.sampling.width,
                     sigmas: self.spec.sigmas.clone(),
@@ -694,14 +848,14 @@ where
             };
             let path = self
                 .layout
-                .sidecar_path(Split::Train, rollout_id, gi as u64);
+                .sidecar_path(Split::Train, rollout_id, groups[gi] as u64);
             write_sidecar(&path, &traj)?;
             for slot in 0..g {
                 if let Some(img) = self.world.image(&samples[gi * g + slot]) {
                     let png = self.layout.sample_image_path(
                         Split::Train,
                         rollout_id,
-                        gi as u64,
+                        groups[gi] as u64,
                         slot as u32,
                     );
                     durable::write_atomic(&png, &img.to_png()?)?;
@@ -752,6 +906,71 @@ where
                     .map(|c| c.iter().map(|(k, v)| (k.to_string(), v)).collect())
                     .collect(),
             })
+            .collect())
+    }
+
+    /// Every rank's reward groups, in the rollout's group order (`prompts` are the rollout's
+    /// prompts, one per group): this rank's `mine` (of its [`Workers::group_shard`]) and the
+    /// others', gathered bit for bit. Each sample carries the configured components (present
+    /// or not, and the value); a component the advantages do not read is not gathered. One
+    /// rank: `mine` unchanged.
+    ///
+    /// # Errors
+    /// A failed collective.
+    pub fn gather_groups(
+        &self,
+        mine: Vec<RewardGroup>,
+        prompts: &[String],
+    ) -> Result<Vec<RewardGroup>, TrainerError> {
+        let w = self.workers.world_size();
+        if w == 1 {
+            return Ok(mine);
+        }
+        let names: Vec<&str> = self
+            .pre
+            .advantages
+            .components
+            .iter()
+            .map(|c| c.name.as_str())
+            .collect();
+        let encoded: Vec<f64> = mine
+            .iter()
+            .flat_map(|group| group.samples.iter())
+            .flat_map(|sample| {
+                names.iter().flat_map(|name| match sample.get(*name) {
+                    Some(v) => [1.0, *v],
+                    None => [0.0, 0.0],
+                })
+            })
+            .collect();
+        let all = self.workers.all_gather(&encoded)?;
+        let g = self.cfg.rollout.group_size;
+        let updates = self.pre.batch.num_updates_per_batch;
+        let mut groups: Vec<Option<RewardGroup>> = vec![None; prompts.len()];
+        for (rank, values) in all.iter().enumerate() {
+            let shard = crate::workers::shard_of(prompts.len(), updates, w, rank)?;
+            let per_sample = 2 * names.len();
+            for (local, &gi) in shard.iter().enumerate() {
+                let samples = (0..g)
+                    .map(|slot| {
+                        let at = (local * g + slot) * per_sample;
+                        names
+                            .iter()
+                            .enumerate()
+                            .filter(|(k, _)| values[at + 2 * k] != 0.0)
+                            .map(|(k, name)| (name.to_string(), values[at + 2 * k + 1]))
+                            .collect()
+                    })
+                    .collect();
+                groups[gi] = Some(RewardGroup {
+                    prompt_key: prompts[gi].clone(),
+                    samples,
+                });
+            }
+        }
+        Ok(groups
+            .into_iter()
+            .map(|g| g.expect("the shards cover every group"))
             .collect())
     }
 
@@ -844,6 +1063,12 @@ where
     pub fn evaluate(&self, tag: &str) -> Result<EvalReport, TrainerError> {
         let start = Instant::now();
         let k = self.cfg.eval.samples_per_prompt.max(1);
+        // the IO rank evaluates while the others wait: on a CPU it takes the machine's threads
+        let threads = if self.workers.world_size() > 1 {
+            self.cfg.run.threads().max(self.workers.host_threads())
+        } else {
+            self.workers.host_threads()
+        };
         let (samples, stats) = evaluate_policy::<B, W>(
             &self.world,
             &self.handed_out().valid(),
@@ -851,7 +1076,7 @@ where
             k,
             self.cfg.run.seed,
             &self.cfg.reward.component_weights,
-            self.workers.host_threads(),
+            threads,
             &self.device,
         )?;
         let images: Vec<RgbImage> = samples
@@ -974,9 +1199,19 @@ where
             stopped: false,
             seconds: 0.0,
         };
-        self.stop = stop.clone();
+        // one rank stops wherever the request finds it; ranks stop together, after the
+        // rollout every rank is in when one of them sees the request (agreed below), so their
+        // phases never see it
+        let ranks = self.workers.world_size();
+        self.stop = if ranks == 1 {
+            stop.clone()
+        } else {
+            StopFlag::new()
+        };
+        let io = self.workers.is_io_rank();
         let reward_metric = self.reward_metric();
-        let interval = self.cfg.eval.interval;
+        // the IO rank evaluates; the other ranks go on to the next rollout and wait for it
+        let interval = if io { self.cfg.eval.interval } else { 0 };
         if interval > 0 && self.next_rollout == 0 {
             let cpu = crate::monitor::process_cpu_seconds();
             let e = self.evaluate("initial")?;
@@ -992,7 +1227,11 @@ where
         let progress = Progress::new(
             "rollouts",
             total.saturating_sub(self.next_rollout),
-            self.cfg.monitor.progress,
+            if io {
+                self.cfg.monitor.progress
+            } else {
+                crate::config::ProgressMode::Never
+            },
         );
         let mut committed = self.store.latest_committed()?.map(|c| c.iteration);
         while self.next_rollout < total {
@@ -1010,8 +1249,11 @@ where
                 let prompts = self
                     .world
                     .train_prompts(&mut self.rng, self.cfg.rollout.prompts_per_rollout)?;
-                let shard = self.workers.group_shard(prompts.len())?;
-                let batch = self.rollout(id, &prompts[shard])?;
+                let shard = self
+                    .workers
+                    .group_shard(prompts.len(), self.pre.batch.num_updates_per_batch)?;
+                let mine: Vec<String> = shard.iter().map(|&i| prompts[i].clone()).collect();
+                let batch = self.rollout_groups(id, &mine, &shard)?;
                 let t_rollout = t0.elapsed().as_secs_f64();
                 let t1 = Instant::now();
                 let groups = self.score(&batch)?;
@@ -1019,11 +1261,16 @@ where
                 if self.stop.is_set() {
                     return Err(TrainerError::Stopped);
                 }
-                let adv = crate::train::advantages(&self.pre.advantages, &groups, None)?;
+                // every rank computes the whole batch's advantages (group statistics, the
+                // batch std, the degenerate flag: those of one rank sampling every group) and
+                // trains on its share of them
+                let groups = self.gather_groups(groups, &prompts)?;
+                let global = crate::train::advantages(&self.pre.advantages, &groups, None)?;
+                let adv = share_of_advantages(&global, &shard, self.cfg.rollout.group_size);
                 let t2 = Instant::now();
                 let report = self.train(&batch, &adv)?;
                 let t_train = t2.elapsed().as_secs_f64();
-                Ok((batch, adv, report, [t_rollout, t_score, t_train]))
+                Ok((batch, global, report, [t_rollout, t_score, t_train]))
             })();
             let (batch, adv, report, [t_rollout, t_score, t_train]) = match attempt {
                 Ok(done) => done,
@@ -1056,13 +1303,24 @@ where
                 }
                 Err(e) => return Err(e),
             };
-            for line in failure_messages(&adv) {
-                println!("rollout {id}: {line}");
+            if io {
+                for line in failure_messages(&adv) {
+                    println!("rollout {id}: {line}");
+                }
             }
             metrics.extend(advantage_metrics(&adv));
-            metrics.extend(UpdateReport::rollout_metrics(&report.updates));
-            metrics.extend(self.algorithm.rollout_metrics(&report.updates));
-            metrics.extend(report.frozen.clone());
+            // this rank's share of the rollout, combined over the ranks
+            let mut local = Metrics::new();
+            local.extend(UpdateReport::rollout_metrics(&report.updates));
+            local.extend(self.algorithm.rollout_metrics(&report.updates));
+            local.extend(report.frozen.clone());
+            let n = batch.samples.len() as f64;
+            local.insert(names::phase_time("rollout"), t_rollout);
+            local.insert(names::phase_time("train"), t_train);
+            local.insert(names::REWARD_SCORE_TIME.into(), t_score);
+            local.insert(names::REWARD_SCORE_SAMPLES_PER_S.into(), n / t_score);
+            local.insert(names::PERF_ROLLOUT_SAMPLES_PER_S.into(), n / t_rollout);
+            metrics.extend(combine_over_ranks(&self.workers, local)?);
             metrics.insert(
                 names::TRAIN_POLICY_VERSION.into(),
                 self.optimizer.policy_version() as f64,
@@ -1071,12 +1329,6 @@ where
                 names::TRAIN_CHECKPOINT_FAILURES.into(),
                 self.checkpoint_failures as f64,
             );
-            let n = batch.samples.len() as f64;
-            metrics.insert(names::phase_time("rollout"), t_rollout);
-            metrics.insert(names::phase_time("train"), t_train);
-            metrics.insert(names::REWARD_SCORE_TIME.into(), t_score);
-            metrics.insert(names::REWARD_SCORE_SAMPLES_PER_S.into(), n / t_score);
-            metrics.insert(names::PERF_ROLLOUT_SAMPLES_PER_S.into(), n / t_rollout);
             let reward_mean = metrics.get(&reward_metric).copied().unwrap_or(f64::NAN);
             self.next_rollout = id + 1;
             summary.last_rollout = Some(id);
@@ -1089,7 +1341,20 @@ where
                 .run
                 .cpu_budget_seconds
                 .is_some_and(|b| train_cpu >= b);
-            if budget_spent {
+            // the ranks agree on whether this rollout is the last
+            let (budget_spent, agreed_stop) = if ranks == 1 {
+                (budget_spent, None)
+            } else {
+                let mut flags = [
+                    f64::from(u8::from(budget_spent)),
+                    f64::from(u8::from(stop.is_set())),
+                ];
+                self.workers
+                    .reduce_scalars(&mut flags, crate::workers::ScalarReduce::Max)?;
+                (flags[0] > 0.0, Some(flags[1] > 0.0))
+            };
+            let stop_requested = || agreed_stop.unwrap_or_else(|| stop.is_set());
+            if budget_spent && io {
                 println!(
                     "rollout {id}: the CPU budget of {:.0} s is spent ({train_cpu:.0} s): this is the last rollout",
                     self.cfg.run.cpu_budget_seconds.unwrap_or(f64::NAN)
@@ -1122,18 +1387,30 @@ where
                 }
                 _ => String::new(),
             };
-            println!(
-                "rollout {id:>3}: reward {reward_mean:.3}  loss {:.2e}{ratio}  {:.1}s rollout / {:.1}s train",
-                metrics.get(names::TRAIN_LOSS).copied().unwrap_or(f64::NAN),
-                t_rollout,
-                t_train,
-            );
+            if io {
+                println!(
+                    "rollout {id:>3}: reward {reward_mean:.3}  loss {:.2e}{ratio}  {:.1}s rollout / {:.1}s train",
+                    metrics.get(names::TRAIN_LOSS).copied().unwrap_or(f64::NAN),
+                    metrics
+                        .get(&names::phase_time("rollout"))
+                        .copied()
+                        .unwrap_or(t_rollout),
+                    metrics
+                        .get(&names::phase_time("train"))
+                        .copied()
+                        .unwrap_or(t_train),
+                );
+            }
             let save_now = self.cfg.checkpoint.save_interval > 0
                 && self
                     .next_rollout
                     .is_multiple_of(self.cfg.checkpoint.save_interval);
-            let last = self.next_rollout == total || stop.is_set() || budget_spent;
-            if save_now || last {
+            let last = self.next_rollout == total || stop_requested() || budget_spent;
+            // the model, optimizer, EMA and random stream are the same on every rank: the IO
+            // rank writes the checkpoint, after every rank logged this rollout (the metrics
+            // above are combined over all of them, so a rank that failed before that point
+            // left no checkpoint of this rollout)
+            if (save_now || last) && io {
                 match self.checkpoint(id) {
                     Ok(()) => committed = Some(id),
                     Err(e @ TrainerError::Io { .. })
@@ -1153,8 +1430,10 @@ where
                     Err(e) => return Err(e),
                 }
             }
-            if stop.is_set() {
-                println!("stop requested: checkpoint after rollout {id} committed");
+            if stop_requested() {
+                if io {
+                    println!("stop requested: checkpoint after rollout {id} committed");
+                }
                 summary.stopped = true;
                 break;
             }
@@ -1200,6 +1479,130 @@ where
             other => other,
         }
     }
+}
+
+/// The advantages of this rank's share of a rollout (`shard`: its groups, of `group_size`
+/// candidates each) cut from the whole batch's `global` ones: the per-sample values and keep
+/// flags and the per-group reports of its groups, in its order; the batch statistics (mean,
+/// std, the degenerate flag, the component statistics) stay the batch's. Every group: a
+/// clone.
+///
+/// ```
+/// use flow_grpo::{AdvantageConfig, RewardComponent, RewardGroup, StdMode};
+/// use std::collections::BTreeMap;
+/// use trainer_fsdp::run::share_of_advantages;
+/// let cfg = AdvantageConfig::flow_grpo(StdMode::Group, vec![RewardComponent::required("s", 1.0)]).unwrap();
+/// let g = |a: f64, b: f64| RewardGroup {
+///     prompt_key: "p".into(),
+///     samples: vec![BTreeMap::from([("s".into(), a)]), BTreeMap::from([("s".into(), b)])],
+/// };
+/// let all = trainer_fsdp::advantages(&cfg, &[g(0.0, 1.0), g(3.0, 1.0)], None).unwrap();
+/// let second = share_of_advantages(&all, &[1], 2);
+/// assert_eq!(second.values, all.values[2..4].to_vec());
+/// assert_eq!(second.mean, all.mean);
+/// ```
+pub fn share_of_advantages(global: &Advantages, shard: &[usize], group_size: usize) -> Advantages {
+    if shard.len() == global.groups.len() && shard.iter().enumerate().all(|(i, &g)| i == g) {
+        return global.clone();
+    }
+    let samples = |gi: usize| gi * group_size..(gi + 1) * group_size;
+    Advantages {
+        values: shard
+            .iter()
+            .flat_map(|&gi| global.values[samples(gi)].iter().copied())
+            .collect(),
+        keep: shard
+            .iter()
+            .flat_map(|&gi| global.keep[samples(gi)].iter().copied())
+            .collect(),
+        groups: shard.iter().map(|&gi| global.groups[gi].clone()).collect(),
+        ..global.clone()
+    }
+}
+
+/// This rank's metrics of its share of a rollout combined over the ranks, each by its
+/// [`names::rank_reduction`] (a mean over ranks of means over equal shares is the whole
+/// batch's mean). One rank: `local` unchanged.
+///
+/// # Errors
+/// [`TrainerError::Collective`] when the ranks logged different metric names, and failed
+/// collectives.
+pub fn combine_over_ranks<K: Workers>(
+    workers: &K,
+    local: Metrics,
+) -> Result<Metrics, TrainerError> {
+    let w = workers.world_size();
+    if w == 1 {
+        return Ok(local);
+    }
+    // the names must agree: their hash travels with the values
+    let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+    for name in local.keys() {
+        hasher.update(name.as_bytes());
+        hasher.update(&[0]);
+    }
+    let mut values = vec![f64::from_bits(hasher.digest())];
+    values.extend(local.values().copied());
+    let all = workers.all_gather(&values)?;
+    if let Some(other) = all
+        .iter()
+        .position(|v| v[0].to_bits() != values[0].to_bits())
+    {
+        return Err(TrainerError::Collective {
+            rank: workers.rank(),
+            world_size: w,
+            operation: "combine the rollout's metrics".into(),
+            cause: format!(
+                "rank {other} logged other metric names than rank {} ({})",
+                workers.rank(),
+                local.keys().cloned().collect::<Vec<_>>().join(", ")
+            ),
+        });
+    }
+    let index: BTreeMap<&str, usize> = local
+        .keys()
+        .enumerate()
+        .map(|(i, k)| (k.as_str(), i + 1))
+        .collect();
+    Ok(local
+        .keys()
+        .enumerate()
+        .map(|(i, name)| {
+            let column = all.iter().map(|v| v[i + 1]);
+            let sibling = name
+                .strip_suffix("_std")
+                .and_then(|p| index.get(format!("{p}_mean").as_str()).copied());
+            let nan_fold = |f: fn(f64, f64) -> f64| {
+                move |a: f64, x: f64| {
+                    if a.is_nan() || x.is_nan() {
+                        f64::NAN
+                    } else {
+                        f(a, x)
+                    }
+                }
+            };
+            let value = match names::rank_reduction(name) {
+                names::RankReduction::Mean => column.sum::<f64>() / w as f64,
+                names::RankReduction::Sum => column.sum(),
+                names::RankReduction::Min => column.fold(f64::INFINITY, nan_fold(f64::min)),
+                names::RankReduction::Max => column.fold(f64::NEG_INFINITY, nan_fold(f64::max)),
+                names::RankReduction::Same => all[0][i + 1],
+                names::RankReduction::PooledStd => match sibling {
+                    Some(m) => {
+                        let mean = all.iter().map(|v| v[m]).sum::<f64>() / w as f64;
+                        let var = all
+                            .iter()
+                            .map(|v| v[i + 1] * v[i + 1] + (v[m] - mean) * (v[m] - mean))
+                            .sum::<f64>()
+                            / w as f64;
+                        var.sqrt()
+                    }
+                    None => column.sum::<f64>() / w as f64,
+                },
+            };
+            (name.clone(), value)
+        })
+        .collect())
 }
 
 /// The readable copy of the trainable weights a checkpoint holds ([`World::checkpoint_files`])

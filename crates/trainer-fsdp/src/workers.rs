@@ -19,13 +19,49 @@
 //! the one-process implementation, is today's host threads: world size 1, every collective the
 //! identity.
 
-use std::ops::Range;
-
 use burn::module::AutodiffModule;
 use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
 
 use crate::error::TrainerError;
+
+/// Rank `rank`'s share of `groups` prompt groups for `updates` updates over `world_size` ranks
+/// ([`Workers::group_shard`]).
+///
+/// ```
+/// use trainer_fsdp::workers::shard_of;
+/// // 8 groups, 2 updates (groups 0..4 and 4..8), 2 ranks: each takes half of each update
+/// assert_eq!(shard_of(8, 2, 2, 0).unwrap(), vec![0, 1, 4, 5]);
+/// assert_eq!(shard_of(8, 2, 2, 1).unwrap(), vec![2, 3, 6, 7]);
+/// assert!(shard_of(6, 2, 2, 0).is_err());
+/// ```
+///
+/// # Errors
+/// [`TrainerError::GroupsNotDivisible`] unless `groups` is a multiple of
+/// `updates * world_size`.
+pub fn shard_of(
+    groups: usize,
+    updates: usize,
+    world_size: usize,
+    rank: usize,
+) -> Result<Vec<usize>, TrainerError> {
+    let parts = updates.max(1) * world_size;
+    if world_size == 0 || rank >= world_size || groups == 0 || !groups.is_multiple_of(parts) {
+        return Err(TrainerError::GroupsNotDivisible {
+            groups,
+            updates,
+            world_size,
+        });
+    }
+    let per_update = groups / updates.max(1);
+    let per_rank = per_update / world_size;
+    Ok((0..updates.max(1))
+        .flat_map(|u| {
+            let start = u * per_update + rank * per_rank;
+            start..start + per_rank
+        })
+        .collect())
+}
 
 /// How scalars are combined over ranks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,21 +92,35 @@ pub trait Workers: Sync {
     /// side (the chunking changes no result).
     fn host_threads(&self) -> usize;
 
-    /// This rank's contiguous share of `groups` prompt groups.
+    /// This rank's share of a rollout's `groups` prompt groups (their indices, ascending),
+    /// for a plan of `updates` equal updates: every update's groups are split into
+    /// `world_size` equal runs and rank `r` takes the `r`-th run of each, so the union over
+    /// ranks of their local update `u` is the one-rank run's update `u`, group for group, and
+    /// their local micro-batches are its micro-batches. The all-reduced gradient of an update
+    /// is then the one-rank gradient of the same samples.
+    ///
+    /// ```
+    /// use trainer_fsdp::workers::{LocalWorkers, Workers};
+    /// // one rank: every group
+    /// assert_eq!(LocalWorkers::ONE.group_shard(4, 2).unwrap(), vec![0, 1, 2, 3]);
+    /// ```
     ///
     /// # Errors
-    /// [`TrainerError::GroupsNotDivisible`] when the ranks cannot share the groups equally
-    /// (preflight checks this before a run starts).
-    fn group_shard(&self, groups: usize) -> Result<Range<usize>, TrainerError> {
-        let n = self.world_size();
-        if n == 0 || !groups.is_multiple_of(n) {
-            return Err(TrainerError::GroupsNotDivisible {
-                groups,
-                world_size: n,
-            });
+    /// [`TrainerError::GroupsNotDivisible`] unless `groups` is a multiple of
+    /// `updates * world_size` (preflight checks this before a run starts).
+    fn group_shard(&self, groups: usize, updates: usize) -> Result<Vec<usize>, TrainerError> {
+        shard_of(groups, updates, self.world_size(), self.rank())
+    }
+
+    /// Waits until every rank reached this point.
+    ///
+    /// # Errors
+    /// As [`Workers::all_gather`].
+    fn barrier(&self) -> Result<(), TrainerError> {
+        if self.world_size() > 1 {
+            self.all_gather(&[])?;
         }
-        let per = groups / n;
-        Ok(self.rank() * per..(self.rank() + 1) * per)
+        Ok(())
     }
 
     /// The mean over ranks of every rank's gradients of `model`'s parameters, reduced in the
@@ -130,6 +180,49 @@ pub trait Workers: Sync {
     }
 }
 
+/// A borrowed rank is the rank (a launcher keeps the workers, the run borrows them).
+impl<K: Workers> Workers for &K {
+    fn world_size(&self) -> usize {
+        (**self).world_size()
+    }
+
+    fn rank(&self) -> usize {
+        (**self).rank()
+    }
+
+    fn is_io_rank(&self) -> bool {
+        (**self).is_io_rank()
+    }
+
+    fn host_threads(&self) -> usize {
+        (**self).host_threads()
+    }
+
+    fn group_shard(&self, groups: usize, updates: usize) -> Result<Vec<usize>, TrainerError> {
+        (**self).group_shard(groups, updates)
+    }
+
+    fn barrier(&self) -> Result<(), TrainerError> {
+        (**self).barrier()
+    }
+
+    fn all_reduce_grads<B: AutodiffBackend, M: AutodiffModule<B>>(
+        &self,
+        grads: GradientsParams,
+        model: &M,
+    ) -> Result<GradientsParams, TrainerError> {
+        (**self).all_reduce_grads::<B, M>(grads, model)
+    }
+
+    fn all_gather(&self, values: &[f64]) -> Result<Vec<Vec<f64>>, TrainerError> {
+        (**self).all_gather(values)
+    }
+
+    fn reduce_scalars(&self, values: &mut [f64], op: ScalarReduce) -> Result<(), TrainerError> {
+        (**self).reduce_scalars(values, op)
+    }
+}
+
 /// One process, one rank: the run's batch is this rank's whole batch, spread over host
 /// threads; every collective is the identity.
 ///
@@ -137,7 +230,7 @@ pub trait Workers: Sync {
 /// use trainer_fsdp::workers::{LocalWorkers, ScalarReduce, Workers};
 /// let w = LocalWorkers::new(2);
 /// assert_eq!((w.world_size(), w.rank(), w.is_io_rank()), (1, 0, true));
-/// assert_eq!(w.group_shard(8).unwrap(), 0..8);
+/// assert_eq!(w.group_shard(8, 2).unwrap(), (0..8).collect::<Vec<_>>());
 /// let mut v = [1.0, f64::NAN];
 /// w.reduce_scalars(&mut v, ScalarReduce::Max).unwrap();
 /// assert!(v[1].is_nan());

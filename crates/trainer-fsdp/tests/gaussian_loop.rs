@@ -808,10 +808,153 @@ fn a_second_process_on_a_locked_directory_is_refused() {
     println!("test gaussian_loop a second process on a locked run directory ... ok ({err})");
 }
 
+/// The largest absolute difference of two offsets (NaN fails).
+fn offset_diff(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(b).fold(0.0, |acc: f64, (x, y)| {
+        let d = (f64::from(*x) - f64::from(*y)).abs();
+        assert!(!d.is_nan(), "a NaN offset");
+        acc.max(d)
+    })
+}
+
+/// Two ranks (CPU peers on burn's collective runtime) sharing each rollout train as one rank
+/// does: the same samples (global sample ids), the same advantages (gathered), the same
+/// updates (each rank an equal share of each, the gradients all-reduced): per-rollout rewards
+/// equal, losses and the final offset equal to float rounding, and the IO rank alone writes
+/// the run's files.
+fn two_ranks_train_as_one() {
+    let one = tempfile::tempdir().unwrap();
+    let mut run = start(one.path(), 4, &[]);
+    let a = run.run(&StopFlag::new()).unwrap();
+    let d1 = delta(&run);
+    drop(run);
+    let two = tempfile::tempdir().unwrap();
+    let (b, d2) = run_ranks(two.path(), 4, &[], 2, None).unwrap();
+    let worst = d2.iter().map(|d| offset_diff(d, &d1)).fold(0.0, f64::max);
+    assert!(
+        worst <= 1e-5,
+        "two ranks ended at {d2:?}, one rank at {d1:?}"
+    );
+    assert!(
+        offset_diff(&d1, &[0.0; 8]) > 0.05,
+        "the run trained: {d1:?}"
+    );
+    let (ea, eb) = (a.final_eval.unwrap(), b.final_eval.unwrap());
+    assert!(
+        (ea.reward - eb.reward).abs() <= 1e-4,
+        "held-out {} vs {}",
+        ea.reward,
+        eb.reward
+    );
+    let la = read_jsonl(&one.path().join("run").join("metrics.jsonl")).unwrap();
+    let lb = read_jsonl(&two.path().join("run").join("metrics.jsonl")).unwrap();
+    let train = |l: &[trainer_fsdp::MetricsRecord]| -> Vec<(f64, f64)> {
+        l.iter()
+            .filter_map(|r| {
+                let get = |k: &str| r.metrics.get(k).copied().flatten();
+                Some((get("reward/closeness_mean")?, get(names::TRAIN_LOSS)?))
+            })
+            .collect()
+    };
+    let (ta, tb) = (train(&la), train(&lb));
+    assert_eq!(ta.len(), 4);
+    assert_eq!(tb.len(), 4, "the IO rank logged each rollout once");
+    for (i, ((ra, la), (rb, lb))) in ta.iter().zip(&tb).enumerate() {
+        assert!((ra - rb).abs() <= 1e-5, "rollout {i}: reward {ra} vs {rb}");
+        assert!(
+            (la - lb).abs() <= 1e-5 * la.abs().max(1e-3),
+            "rollout {i}: loss {la} vs {lb}"
+        );
+    }
+    println!(
+        "test gaussian_loop two ranks train as one ... ok (offset within {worst:.1e} of one rank's; held-out {:.4} vs {:.4})",
+        eb.reward, ea.reward
+    );
+}
+
+/// A checkpoint does not depend on the number of ranks: two ranks' checkpoint resumes on one,
+/// one rank's on two, and both end where an uninterrupted one-rank run ends.
+fn a_checkpoint_resumes_on_another_number_of_ranks() {
+    let whole = tempfile::tempdir().unwrap();
+    let mut run = start(whole.path(), 4, &[]);
+    run.run(&StopFlag::new()).unwrap();
+    let reference = delta(&run);
+    drop(run);
+
+    let two_then_one = tempfile::tempdir().unwrap();
+    run_ranks(two_then_one.path(), 2, &[], 2, None).unwrap();
+    let mut run = start(two_then_one.path(), 4, &["checkpoint.resume=true"]);
+    assert_eq!(run.next_rollout(), 2);
+    run.run(&StopFlag::new()).unwrap();
+    let a = offset_diff(&delta(&run), &reference);
+    drop(run);
+
+    let one_then_two = tempfile::tempdir().unwrap();
+    start(one_then_two.path(), 2, &[])
+        .run(&StopFlag::new())
+        .unwrap();
+    let (_, d) = run_ranks(one_then_two.path(), 4, &["checkpoint.resume=true"], 2, None).unwrap();
+    let b = d
+        .iter()
+        .map(|d| offset_diff(d, &reference))
+        .fold(0.0, f64::max);
+    assert!(
+        a <= 1e-5 && b <= 1e-5,
+        "2 -> 1 ranks: {a}, 1 -> 2 ranks: {b}"
+    );
+    println!(
+        "test gaussian_loop a checkpoint resumes on another number of ranks ... ok (2 -> 1: {a:.1e}, 1 -> 2: {b:.1e} from the uninterrupted run)"
+    );
+}
+
+/// A rank that panics ends every rank: the run returns the panic, naming the rank, and the
+/// rollout it was in leaves no checkpoint (the previous one is the last committed).
+fn a_rank_that_panics_ends_every_rank() {
+    let dir = tempfile::tempdir().unwrap();
+    // rank 1 scores once per rollout (the IO rank evaluates): its 3rd scoring is rollout 2's
+    let err = run_ranks(dir.path(), 4, &[], 2, Some((1, 3))).unwrap_err();
+    let text = err.to_string();
+    assert!(
+        matches!(
+            err,
+            TrainerError::RankFailed {
+                rank: 1,
+                world_size: 2,
+                ..
+            }
+        ) && text.contains("panicked")
+            && text.contains("injected"),
+        "{text}"
+    );
+    let cfg = config(dir.path(), 4, &[]);
+    let store = trainer_fsdp::CheckpointStore::new(
+        &cfg.checkpoint.dir,
+        &cfg.run.task,
+        cfg.checkpoint.max_to_keep,
+    )
+    .unwrap();
+    let last = store.latest_committed().unwrap().map(|c| c.iteration);
+    assert_eq!(last, Some(1), "rollout 2 left no checkpoint");
+    // and the collective is usable again: a fresh two-rank run in this process
+    let again = tempfile::tempdir().unwrap();
+    run_ranks(again.path(), 1, &["eval.interval=0"], 2, None).unwrap();
+    println!("test gaussian_loop a rank that panics ends every rank ... ok ({text})");
+}
+
 /// Every test, in order; `GAUSSIAN_ONLY=<part of a name>` runs the matching ones alone.
 fn parent() {
-    let tests: [(&str, fn()); 15] = [
+    let tests: [(&str, fn()); 18] = [
         ("the_reward_rises", the_reward_rises),
+        ("two_ranks_train_as_one", two_ranks_train_as_one),
+        (
+            "a_checkpoint_resumes_on_another_number_of_ranks",
+            a_checkpoint_resumes_on_another_number_of_ranks,
+        ),
+        (
+            "a_rank_that_panics_ends_every_rank",
+            a_rank_that_panics_ends_every_rank,
+        ),
         (
             "the_rollout_anchor_trains_too",
             the_rollout_anchor_trains_too,

@@ -397,6 +397,7 @@ impl TrainConfig {
                 )?,
                 adamw,
                 ema,
+                ranks: 1,
             }),
             _ => {
                 debug_assert!(!p.is_empty(), "a failed check reports its problem");
@@ -1264,6 +1265,71 @@ pub struct Preflight {
     pub lr: LrSchedule,
     /// AdamW's hyperparameters.
     pub adamw: AdamWSettings,
+    /// The ranks the run's rollout batch is shared by ([`Preflight::for_ranks`]); 1 unless
+    /// set there.
+    pub ranks: usize,
+}
+
+impl Preflight {
+    /// This preflight for a run of `ranks` ranks that share each rollout batch
+    /// ([`crate::workers::Workers::group_shard`]): every update's prompt groups split equally
+    /// among the ranks, and `update_plan` becomes one rank's plan — its share of the batch in
+    /// as many updates, with the same micro-batch size. The union over ranks of their update
+    /// `u` is the one-rank update `u`.
+    ///
+    /// ```
+    /// use trainer_fsdp::{RecipeName, TrainConfig};
+    /// let cfg = TrainConfig::from_recipe(RecipeName::ShapesWorldLora, &[]).unwrap();
+    /// let one = cfg.preflight().unwrap();
+    /// let two = one.clone().for_ranks(2).unwrap();
+    /// assert_eq!(two.update_plan.num_samples * 2, one.update_plan.num_samples);
+    /// assert_eq!(two.update_plan.updates.len(), one.update_plan.updates.len());
+    /// assert!(one.for_ranks(7).is_err());
+    /// ```
+    ///
+    /// # Errors
+    /// [`TrainerError::Preflight`] listing every problem: prompt groups that are not a
+    /// multiple of updates x ranks, a micro-batch size that does not divide one rank's share
+    /// of an update, no ranks.
+    pub fn for_ranks(mut self, ranks: usize) -> Result<Self, TrainerError> {
+        if ranks == self.ranks {
+            return Ok(self);
+        }
+        let b = &self.batch;
+        let updates = b.num_updates_per_batch;
+        let mut problems = Vec::new();
+        let parts = updates * ranks;
+        if ranks == 0 || !b.prompts_per_rollout.is_multiple_of(parts) {
+            problems.push(PreflightProblem::OutOfRange {
+                key: "rollout.prompts_per_rollout",
+                given: format!(
+                    "{} (with {updates} updates per batch on {ranks} ranks)",
+                    b.prompts_per_rollout
+                ),
+                allowed: "a multiple of num_updates_per_batch x ranks: each rank rolls out \
+                          whole prompt groups, an equal share of every update",
+            });
+        } else {
+            let share = b.update_size / ranks;
+            if !share.is_multiple_of(b.micro_batch_size) {
+                problems.push(PreflightProblem::MicroBatchNotDivisible {
+                    chunk: share,
+                    micro_batch_size: b.micro_batch_size,
+                });
+            }
+        }
+        if !problems.is_empty() {
+            return Err(TrainerError::Preflight { problems });
+        }
+        let local = b.global_batch_size / ranks;
+        self.update_plan = plan_updates(local, updates, b.micro_batch_size).map_err(|source| {
+            TrainerError::Preflight {
+                problems: vec![PreflightProblem::Advantages { source }],
+            }
+        })?;
+        self.ranks = ranks;
+        Ok(self)
+    }
 }
 
 const GIB: f64 = (1u64 << 30) as f64;

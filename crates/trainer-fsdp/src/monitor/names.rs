@@ -172,3 +172,62 @@ pub fn phase_time(phase: &str) -> String {
 pub fn is_timing(name: &str) -> bool {
     name.starts_with("perf/") || name == REWARD_SCORE_TIME || name == REWARD_SCORE_SAMPLES_PER_S
 }
+
+/// How one rank's value of a metric of a multi-rank run combines with the others' into the
+/// logged value ([`rank_reduction`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RankReduction {
+    /// The mean over ranks: per-sample means over equal shares (losses, fractions, margins).
+    Mean,
+    /// The sum: counts and throughputs.
+    Sum,
+    /// The smallest value.
+    Min,
+    /// The largest: extremes, and times (the slowest rank holds the others up).
+    Max,
+    /// A standard deviation over equal shares, pooled with its `<prefix>_mean` sibling:
+    /// `sqrt(mean_r(std_r^2 + (mean_r - mean)^2))` (the population std of the union; the mean
+    /// of the stds where the sibling is missing).
+    PooledStd,
+    /// Equal on every rank by construction (computed after the all-reduce, or from the shared
+    /// schedule): the IO rank's value.
+    Same,
+}
+
+/// How a rank-local metric combines over ranks.
+///
+/// ```
+/// use trainer_fsdp::names::{self, RankReduction};
+/// assert_eq!(names::rank_reduction(names::TRAIN_LOSS), RankReduction::Mean);
+/// assert_eq!(names::rank_reduction(names::TRAIN_RATIO_MIN), RankReduction::Min);
+/// assert_eq!(names::rank_reduction(names::PERF_TRAIN_SAMPLES_PER_S), RankReduction::Sum);
+/// assert_eq!(names::rank_reduction("perf/rollout_time"), RankReduction::Max);
+/// assert_eq!(names::rank_reduction(names::TRAIN_GRAD_NORM), RankReduction::Same);
+/// assert_eq!(names::rank_reduction(names::TRAIN_RATIO_STD), RankReduction::PooledStd);
+/// ```
+pub fn rank_reduction(name: &str) -> RankReduction {
+    const SAME: &[&str] = &[
+        TRAIN_GRAD_NORM,
+        TRAIN_LR,
+        TRAIN_OPTIMIZER_STEPS,
+        TRAIN_OPTIMIZER_SKIPS,
+        TRAIN_POLICY_VERSION,
+        TRAIN_CHECKPOINT_FAILURES,
+        TRAIN_SAMPLER_DECAY,
+        PERF_TRAIN_CPU_SECONDS,
+    ];
+    const SUM: &[&str] = &[TRAIN_NUM_MICROBATCHES, TRAIN_DPO_PAIRS];
+    if SAME.contains(&name) {
+        RankReduction::Same
+    } else if SUM.contains(&name) || name.ends_with("_per_s") {
+        RankReduction::Sum
+    } else if name.ends_with("_std") {
+        RankReduction::PooledStd
+    } else if name.ends_with("_min") {
+        RankReduction::Min
+    } else if name.ends_with("_max") || name.contains("_max_") || name.ends_with("_time") {
+        RankReduction::Max
+    } else {
+        RankReduction::Mean
+    }
+}

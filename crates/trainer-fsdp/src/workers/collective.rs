@@ -162,7 +162,7 @@ impl CollectiveWorkers {
     /// # Errors
     /// [`TrainerError::Collective`] when the runtime refuses (a peer that was released by
     /// [`CollectiveWorkers::abort`] is no longer registered).
-    pub fn finish(self) -> Result<(), TrainerError> {
+    pub fn finish(&self) -> Result<(), TrainerError> {
         (self.finish)().map_err(|e| self.error("finish", format!("{e:?}")))
     }
 

@@ -128,6 +128,8 @@ pub struct GaussianWorld {
     /// training phase, whose replays restore the conditionings.
     stop_at_restore: Option<(trainer_fsdp::StopFlag, usize)>,
     restores: std::sync::atomic::AtomicUsize,
+    /// Panics at the `n`-th call of `score` (1-based), for the failing-rank test.
+    pub panic_at_score: Option<usize>,
 }
 
 impl GaussianWorld {
@@ -158,6 +160,7 @@ impl GaussianWorld {
             scores: Default::default(),
             stop_at_restore: None,
             restores: Default::default(),
+            panic_at_score: None,
             held_out: (CLASSES - HELD_OUT..CLASSES)
                 .map(|c| HeldOutPrompt {
                     prompt: format!("class {c}"),
@@ -332,6 +335,9 @@ impl<Bk: AutodiffBackend> World<Bk> for GaussianWorld {
             && n == *at
         {
             flag.request();
+        }
+        if self.panic_at_score == Some(n) {
+            panic!("injected: the world panics at its scoring number {n}");
         }
         samples
             .iter()
@@ -550,8 +556,8 @@ pub fn ema_delta<A: trainer_fsdp::Algorithm<Train, GaussianWorld>>(
 }
 
 /// The learned offset of a run's policy.
-pub fn delta<A: trainer_fsdp::Algorithm<Train, GaussianWorld>>(
-    run: &Run<Train, GaussianWorld, A, LocalWorkers>,
+pub fn delta<A: trainer_fsdp::Algorithm<Train, GaussianWorld>, K: trainer_fsdp::Workers>(
+    run: &Run<Train, GaussianWorld, A, K>,
 ) -> Vec<f32> {
     burn::module::AutodiffModule::<Train>::valid(run.model())
         .delta
@@ -559,4 +565,61 @@ pub fn delta<A: trainer_fsdp::Algorithm<Train, GaussianWorld>>(
         .into_data()
         .to_vec::<f32>()
         .unwrap()
+}
+
+/// A FlowGRPO run of `config(root, ..)` on `ranks` ranks of this process (CPU peers on burn's
+/// collective runtime, one host thread each), writing into `root/run`; with `panic = (r, n)`
+/// rank `r`'s world panics at its `n`-th scoring. Returns the IO rank's summary and every
+/// rank's final offset.
+pub fn run_ranks(
+    root: &Path,
+    rollouts: u64,
+    extra: &[&str],
+    ranks: usize,
+    panic: Option<(usize, usize)>,
+) -> Result<(trainer_fsdp::RunSummary, Vec<Vec<f32>>), TrainerError> {
+    use trainer_fsdp::Workers;
+    let cfg = config(root, rollouts, extra);
+    let pre = cfg.preflight().unwrap().for_ranks(ranks)?;
+    let devices = vec![Default::default(); ranks];
+    let out = trainer_fsdp::ranks::launch_ranks::<Flex, _, _>(&devices, 1, |workers, relay| {
+        let mut world = GaussianWorld::new(&cfg.reward.scorers).unwrap();
+        if let Some((r, at)) = panic
+            && r == workers.rank()
+        {
+            world.panic_at_score = Some(at);
+        }
+        let algorithm = <FlowGrpo as trainer_fsdp::dispatch::FromPlan>::from_plan(&pre.algorithm)
+            .expect("a FlowGRPO plan");
+        let dir = root.join("run");
+        let mut run = if workers.is_io_rank() {
+            let run = Run::new(
+                cfg.clone(),
+                pre.clone(),
+                &dir,
+                Default::default(),
+                world,
+                algorithm,
+                workers,
+            )?;
+            relay.publish(run.resumed_from().cloned());
+            run
+        } else {
+            let start = relay.wait(ranks)?;
+            Run::follow(
+                cfg.clone(),
+                pre.clone(),
+                &dir,
+                Default::default(),
+                world,
+                algorithm,
+                workers,
+                start,
+            )?
+        };
+        let summary = run.run(&trainer_fsdp::StopFlag::new())?;
+        Ok((summary, delta(&run)))
+    })?;
+    let summary = out[0].0.clone();
+    Ok((summary, out.into_iter().map(|(_, d)| d).collect()))
 }
