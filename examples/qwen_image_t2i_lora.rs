@@ -104,6 +104,23 @@ struct Args {
     /// backend's.
     #[arg(long, value_name = "KIND:INDEX,...")]
     devices: Option<String>,
+    /// Machines in a run over several (each runs this command with its own --node-rank and
+    /// as many --devices; the run directory must be on a filesystem they share).
+    #[arg(long, default_value_t = 1, requires = "orchestrator")]
+    nodes: usize,
+    /// This machine's index among --nodes (0 writes the run's files).
+    #[arg(long, default_value_t = 0)]
+    node_rank: usize,
+    /// burn's collective orchestrator every machine reaches (`ws://HOST:PORT`).
+    #[arg(long, value_name = "ws://HOST:PORT")]
+    orchestrator: Option<String>,
+    /// This machine's address as the others reach it (`ws://HOST:PORT`; it serves tensors on
+    /// that port).
+    #[arg(long, value_name = "ws://HOST:PORT", requires = "orchestrator")]
+    node_address: Option<String>,
+    /// Also serve the orchestrator from this process, on this port (one machine does).
+    #[arg(long, value_name = "PORT")]
+    serve_orchestrator: Option<u16>,
     /// Run the job once per seed (`run.seed` = first seed, first seed + 1, ...) and write the
     /// table of held-out rewards and gains with their mean, min and max.
     #[arg(long, value_name = "N")]
@@ -185,6 +202,40 @@ fn main() -> Result<()> {
         }
         None => vec![0],
     };
+    if let Some(port) = args.serve_orchestrator {
+        trainer_fsdp::ranks::start_orchestrator(port)?;
+        println!("serving the collective orchestrator on port {port}");
+    }
+    let node = match &args.orchestrator {
+        None => None,
+        Some(orchestrator) => {
+            let node_address = args
+                .node_address
+                .clone()
+                .context("--orchestrator needs --node-address (this machine's ws://HOST:PORT)")?;
+            let data_port = node_address
+                .rsplit(':')
+                .next()
+                .and_then(|p| p.trim_end_matches('/').parse::<u16>().ok())
+                .with_context(|| {
+                    format!("--node-address {node_address}: expected ws://HOST:PORT")
+                })?;
+            if args.node_rank >= args.nodes {
+                bail!(
+                    "--node-rank {} of --nodes {}: expected a rank below the node count",
+                    args.node_rank,
+                    args.nodes
+                );
+            }
+            Some(trainer_fsdp::NodeSetup {
+                nodes: args.nodes,
+                node_rank: args.node_rank,
+                orchestrator: orchestrator.clone(),
+                node_address,
+                data_port,
+            })
+        }
+    };
     if kind != BackendKind::Cpu && cfg.run.host_threads.is_none() {
         // one host thread keeps each batch whole on the device; `--set run.host_threads=N`
         // still wins
@@ -204,8 +255,9 @@ fn main() -> Result<()> {
     let stop = StopFlag::install()?;
     match args.seeds {
         None => {
-            let summary = dispatch_backend(kind, &devices, &cfg, &pre, &run_dir, &stop)
-                .inspect_err(|e| report_failure(e, &cfg))?;
+            let summary =
+                dispatch_backend(kind, &devices, node.as_ref(), &cfg, &pre, &run_dir, &stop)
+                    .inspect_err(|e| report_failure(e, &cfg))?;
             report(&summary, &run_dir);
             Ok(())
         }
@@ -225,8 +277,9 @@ fn main() -> Result<()> {
                 let cfg = cfg.clone().with_overrides(&o)?;
                 let pre = cfg.preflight()?;
                 let start = Instant::now();
-                let summary = dispatch_backend(kind, &devices, &cfg, &pre, &dir, &stop)
-                    .inspect_err(|e| report_failure(e, &cfg))?;
+                let summary =
+                    dispatch_backend(kind, &devices, node.as_ref(), &cfg, &pre, &dir, &stop)
+                        .inspect_err(|e| report_failure(e, &cfg))?;
                 report(&summary, &dir);
                 if summary.stopped {
                     bail!("stopped during seed {seed}; the table is not written");
@@ -275,6 +328,7 @@ fn run_dir_overrides(dir: &Path) -> Result<Vec<Override>> {
 fn dispatch_backend(
     kind: BackendKind,
     devices: &[usize],
+    node: Option<&trainer_fsdp::NodeSetup>,
     cfg: &TrainConfig,
     pre: &Preflight,
     run_dir: &Path,
@@ -282,15 +336,15 @@ fn dispatch_backend(
 ) -> Result<RunSummary> {
     match kind {
         BackendKind::Cpu => {
-            train::<Autodiff<flowrl::backend::Cpu>>(devices, cfg, pre, run_dir, stop)
+            train::<Autodiff<flowrl::backend::Cpu>>(devices, node, cfg, pre, run_dir, stop)
         }
         #[cfg(feature = "cuda")]
         BackendKind::Cuda => {
-            train::<Autodiff<flowrl::backend::Cuda>>(devices, cfg, pre, run_dir, stop)
+            train::<Autodiff<flowrl::backend::Cuda>>(devices, node, cfg, pre, run_dir, stop)
         }
         #[cfg(feature = "wgpu")]
         BackendKind::Wgpu => {
-            train::<Autodiff<flowrl::backend::Wgpu>>(devices, cfg, pre, run_dir, stop)
+            train::<Autodiff<flowrl::backend::Wgpu>>(devices, node, cfg, pre, run_dir, stop)
         }
         #[allow(unreachable_patterns)]
         other => bail!("backend {other} is not compiled in"),
@@ -299,6 +353,7 @@ fn dispatch_backend(
 
 fn train<B: AutodiffBackend>(
     devices: &[usize],
+    node: Option<&trainer_fsdp::NodeSetup>,
     cfg: &TrainConfig,
     pre: &Preflight,
     run_dir: &Path,
@@ -307,13 +362,13 @@ fn train<B: AutodiffBackend>(
 where
     B::Device: Default + IndexedDevice,
 {
-    if devices.len() > 1 {
+    if devices.len() > 1 || node.is_some() {
         let devices: Vec<B::Device> = devices.iter().map(|&i| B::Device::at(i)).collect();
         for d in &devices {
             B::seed(d, cfg.run.seed);
         }
         return Ok(trainer_fsdp::dispatch::train_ranks::<B>(
-            cfg, pre, run_dir, &devices, stop,
+            cfg, pre, run_dir, &devices, node, stop,
         )?);
     }
     let device = match devices.first() {

@@ -351,6 +351,12 @@ fn trained_steps(cfg: &TrainConfig) -> String {
 /// failed. A stop request ends the run after the rollout the ranks are in, with a committed
 /// checkpoint.
 ///
+/// On several machines (`node`: this machine's place, burn's orchestrator), every machine
+/// runs this with the same config and as many devices; the run directory, checkpoints and
+/// artifacts must be on a filesystem they share (rank 0 writes the run's files, the others
+/// write their groups' sidecars beside them and read the checkpoint rank 0 resumed from).
+/// A failure there ends this machine's ranks; the other machines' ranks are not released.
+///
 /// # Errors
 /// As [`train`]; [`TrainerError::Preflight`] when the batch cannot be shared by the ranks;
 /// [`TrainerError::RankFailed`].
@@ -360,19 +366,22 @@ pub fn train_ranks<B: AutodiffBackend>(
     pre: &Preflight,
     run_dir: &Path,
     devices: &[B::Device],
+    node: Option<&crate::workers::NodeSetup>,
     stop: &StopFlag,
 ) -> Result<RunSummary, TrainerError> {
     let n = devices.len();
-    if n <= 1 {
+    let world_size = n * node.map_or(1, |s| s.nodes);
+    if world_size <= 1 {
         let device = devices.first().cloned().unwrap_or_default();
         return train::<B>(cfg, pre, run_dir, &device, stop);
     }
-    let pre = pre.clone().for_ranks(n)?;
-    let threads = (cfg.run.threads() / n).max(1);
+    let pre = pre.clone().for_ranks(world_size)?;
+    let threads = (cfg.run.threads() / n.max(1)).max(1);
     let summaries =
-        crate::ranks::launch_ranks::<B::InnerBackend, _, _>(devices, threads, |workers, relay| {
+        crate::ranks::launch_ranks::<B::InnerBackend, _, _>(devices, threads, node, |workers| {
             use crate::workers::Workers;
-            let device = devices[workers.rank()].clone();
+            // this machine's ranks are node_rank * n .. (node_rank + 1) * n
+            let device = devices[workers.rank() % n].clone();
             let job = RankJob::<B> {
                 cfg: cfg.clone(),
                 pre: pre.clone(),
@@ -380,23 +389,22 @@ pub fn train_ranks<B: AutodiffBackend>(
                 device: device.clone(),
                 stop: stop.clone(),
                 workers,
-                relay,
             };
             dispatch(cfg, &pre, &device, job)
         })?;
+    // this machine's first rank: rank 0 on node 0, whose summary holds the evaluations
     summaries
         .into_iter()
         .next()
-        .flatten()
         .ok_or_else(|| TrainerError::RankFailed {
             rank: 0,
-            world_size: n,
-            message: "the IO rank returned no summary".into(),
+            world_size,
+            message: "no rank ran on this machine".into(),
         })
 }
 
-/// [`train_ranks`]' job on one rank: the IO rank's returns the run's summary, the others'
-/// `None`.
+/// [`train_ranks`]' job on one rank: its run's summary (the IO rank's holds the
+/// evaluations).
 #[cfg(feature = "collective")]
 struct RankJob<'a, B: AutodiffBackend> {
     cfg: TrainConfig,
@@ -405,18 +413,17 @@ struct RankJob<'a, B: AutodiffBackend> {
     device: B::Device,
     stop: StopFlag,
     workers: &'a crate::workers::CollectiveWorkers,
-    relay: &'a crate::ranks::StartRelay,
 }
 
 #[cfg(feature = "collective")]
 impl<B: AutodiffBackend> Job<B> for RankJob<'_, B> {
-    type Output = Option<RunSummary>;
+    type Output = RunSummary;
 
     fn run<W: World<B>, A: Algorithm<B, W>>(
         self,
         world: W,
         algorithm: A,
-    ) -> Result<Option<RunSummary>, TrainerError> {
+    ) -> Result<RunSummary, TrainerError> {
         use crate::workers::Workers;
         let ranks = self.workers.world_size();
         let mut run = if self.workers.is_io_rank() {
@@ -425,7 +432,7 @@ impl<B: AutodiffBackend> Job<B> for RankJob<'_, B> {
                 banner(&self.cfg, algorithm.name(), &world.name(), &self.run_dir)
             );
             println!(
-                "{ranks} ranks on this machine, one per device; each rolls out and trains {} of the {} samples of a rollout",
+                "{ranks} ranks, one per device; each rolls out and trains {} of the {} samples of a rollout",
                 self.pre.update_plan.num_samples, self.pre.batch.global_batch_size
             );
             let run = Run::new(
@@ -437,10 +444,10 @@ impl<B: AutodiffBackend> Job<B> for RankJob<'_, B> {
                 algorithm,
                 self.workers,
             )?;
-            self.relay.publish(run.resumed_from().cloned());
+            crate::ranks::agree_start(self.workers, Some(run.resumed_from().map(|c| c.iteration)))?;
             run
         } else {
-            let start = self.relay.wait(ranks)?;
+            let start = crate::ranks::agree_start(self.workers, None)?;
             Run::follow(
                 self.cfg,
                 self.pre,
@@ -452,7 +459,6 @@ impl<B: AutodiffBackend> Job<B> for RankJob<'_, B> {
                 start,
             )?
         };
-        let summary = run.run(&self.stop)?;
-        Ok(self.workers.is_io_rank().then_some(summary))
+        run.run(&self.stop)
     }
 }

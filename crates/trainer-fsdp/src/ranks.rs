@@ -11,66 +11,38 @@
 //! register before anything that can fail (a registration waits for every peer, and a reset
 //! does not release it).
 
-use std::sync::{Condvar, Mutex};
+use std::sync::Mutex;
 
 use burn::tensor::backend::Backend;
 
-use crate::checkpoint::CommittedCheckpoint;
 use crate::error::TrainerError;
-use crate::workers::CollectiveWorkers;
+use crate::workers::{CollectiveWorkers, NodeSetup, Workers};
 
-/// Where the IO rank started (the committed checkpoint its [`crate::Run::new`] resumed from,
-/// or none), handed to the other ranks, which start from the same place
-/// ([`crate::Run::follow`]).
-#[derive(Debug, Default)]
-pub struct StartRelay {
-    state: Mutex<Option<Result<Option<CommittedCheckpoint>, ()>>>,
-    ready: Condvar,
+/// Where the run starts, agreed by every rank: the IO rank passes `Some(its start)` (the
+/// iteration of the committed checkpoint its [`crate::Run::new`] resumed from, `None` from
+/// scratch), the others `None`; every rank returns the IO rank's start (the other ranks then
+/// [`crate::Run::follow`] it). A collective, so it works across machines too.
+///
+/// # Errors
+/// A failed collective.
+pub fn agree_start<K: Workers>(
+    workers: &K,
+    io_start: Option<Option<u64>>,
+) -> Result<Option<u64>, TrainerError> {
+    let mine = match io_start {
+        Some(Some(iteration)) => [1.0, iteration as f64],
+        _ => [0.0, 0.0],
+    };
+    let all = workers.all_gather(&mine)?;
+    Ok((all[0][0] != 0.0).then_some(all[0][1] as u64))
 }
 
-impl StartRelay {
-    /// The IO rank's start, for the others.
-    pub fn publish(&self, start: Option<CommittedCheckpoint>) {
-        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        if s.is_none() {
-            *s = Some(Ok(start));
-        }
-        self.ready.notify_all();
-    }
-
-    /// The IO rank failed before it could publish: the waiting ranks stop waiting.
-    pub fn fail(&self) {
-        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        if s.is_none() {
-            *s = Some(Err(()));
-        }
-        self.ready.notify_all();
-    }
-
-    /// Waits for the IO rank's start.
-    ///
-    /// # Errors
-    /// [`TrainerError::RankFailed`] (rank 0) when the launch failed before it published.
-    pub fn wait(&self, world_size: usize) -> Result<Option<CommittedCheckpoint>, TrainerError> {
-        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        while s.is_none() {
-            s = self.ready.wait(s).unwrap_or_else(|p| p.into_inner());
-        }
-        match s.as_ref().expect("set") {
-            Ok(start) => Ok(start.clone()),
-            Err(()) => Err(TrainerError::RankFailed {
-                rank: 0,
-                world_size,
-                message: "the launch ended before the IO rank started the run".into(),
-            }),
-        }
-    }
-}
-
-/// Runs `work(workers, relay)` on one rank per device of `devices` (rank `r` on
-/// `devices[r]`, a thread each, `host_threads` host threads each), registered with burn's
-/// collective runtime on the plain backend `B` (the inner backend of the training one), and
-/// returns the ranks' results in rank order. See the module docs for failures.
+/// Runs `work(workers)` on one rank per device of `devices` (a thread each, `host_threads`
+/// host threads each), registered with burn's collective runtime on the plain backend `B`
+/// (the inner backend of the training one), and returns this machine's ranks' results in
+/// order. On one machine (`node` `None`) rank `r` runs on `devices[r]`; on several, this
+/// machine's ranks are `node_rank * devices.len() ..` and every machine launches as many. See
+/// the module docs for failures.
 ///
 /// # Errors
 /// [`TrainerError::RankFailed`] naming the first rank that failed (an error or a panic),
@@ -78,32 +50,34 @@ impl StartRelay {
 pub fn launch_ranks<B, T, F>(
     devices: &[B::Device],
     host_threads: usize,
+    node: Option<&NodeSetup>,
     work: F,
 ) -> Result<Vec<T>, TrainerError>
 where
     B: Backend,
     T: Send,
-    F: Fn(&CollectiveWorkers, &StartRelay) -> Result<T, TrainerError> + Sync,
+    F: Fn(&CollectiveWorkers) -> Result<T, TrainerError> + Sync,
 {
     let n = devices.len();
-    let relay = StartRelay::default();
+    let world_size = n * node.map_or(1, |s| s.nodes);
     let first_failure: Mutex<Option<(usize, String)>> = Mutex::new(None);
     let results: Vec<Option<T>> = std::thread::scope(|s| {
         let handles: Vec<_> = devices
             .iter()
             .enumerate()
-            .map(|(rank, device)| {
-                let (relay, first_failure, work) = (&relay, &first_failure, &work);
+            .map(|(local, device)| {
+                let (first_failure, work) = (&first_failure, &work);
+                let rank = node.map_or(0, |s| s.node_rank) * n + local;
                 s.spawn(move || {
                     let body = || -> Result<T, TrainerError> {
                         let workers = CollectiveWorkers::register::<B>(
-                            rank,
+                            local,
                             n,
                             device.clone(),
                             host_threads,
-                            None,
+                            node,
                         )?;
-                        let out = work(&workers, relay)?;
+                        let out = work(&workers)?;
                         workers.finish()?;
                         Ok(out)
                     };
@@ -112,7 +86,7 @@ where
                         Ok(r) => r,
                         Err(panic) => Err(TrainerError::RankFailed {
                             rank,
-                            world_size: n,
+                            world_size,
                             message: format!("panicked: {}", panic_message(panic.as_ref())),
                         }),
                     };
@@ -128,9 +102,8 @@ where
                                 *first = Some((rank, message));
                             }
                             drop(first);
-                            // release the ranks waiting in a collective or for the start
+                            // release this machine's ranks waiting in a collective
                             burn_collective::reset_collective::<B>();
-                            relay.fail();
                             None
                         }
                     }
@@ -148,17 +121,17 @@ where
     {
         return Err(TrainerError::RankFailed {
             rank,
-            world_size: n,
+            world_size,
             message,
         });
     }
     results
         .into_iter()
         .enumerate()
-        .map(|(rank, r)| {
+        .map(|(local, r)| {
             r.ok_or_else(|| TrainerError::RankFailed {
-                rank,
-                world_size: n,
+                rank: node.map_or(0, |s| s.node_rank) * n + local,
+                world_size,
                 message: "its thread ended without a result".into(),
             })
         })
@@ -184,4 +157,26 @@ fn error_chain(e: &dyn std::error::Error) -> String {
         cause = c.source();
     }
     out
+}
+
+/// Starts burn's global orchestrator, which the machines of a multi-machine run reach
+/// ([`NodeSetup::orchestrator`]), listening on `port` on every interface, on a thread of its
+/// own; it serves until the process ends.
+///
+/// # Errors
+/// [`TrainerError::Collective`] when its runtime cannot start.
+pub fn start_orchestrator(port: u16) -> Result<std::thread::JoinHandle<()>, TrainerError> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .map_err(|e| TrainerError::Collective {
+            rank: 0,
+            world_size: 0,
+            operation: "start the orchestrator".into(),
+            cause: e.to_string(),
+        })?;
+    Ok(std::thread::spawn(move || {
+        runtime.block_on(burn_collective::start_global_orchestrator(port));
+    }))
 }

@@ -348,12 +348,15 @@ where
     }
 
     /// A rank other than the IO rank of a multi-rank run: starts where the IO rank's
-    /// [`Run::new`] chose to (`resumed_from`, [`Run::resumed_from`] of that run), reading the
-    /// checkpoint and writing nothing shared — no lock, no metrics, no resolved config, no
-    /// checkpoint; it rolls out, scores and trains its share of every rollout.
+    /// [`Run::new`] chose to (`resumed_from`: the iteration of the committed checkpoint that
+    /// run resumed from, [`crate::ranks::agree_start`]), reading the checkpoint from its own
+    /// `checkpoint.dir` (on several machines, a shared filesystem) and writing nothing shared —
+    /// no lock, no metrics, no resolved config, no checkpoint; it rolls out, scores and trains
+    /// its share of every rollout.
     ///
     /// # Errors
-    /// As [`Run::new`]; [`TrainerError::Collective`] when called on the IO rank.
+    /// As [`Run::new`]; [`TrainerError::Collective`] when called on the IO rank, or when the
+    /// checkpoint the IO rank resumed from is not in this rank's checkpoint directory.
     #[allow(clippy::too_many_arguments)]
     pub fn follow(
         cfg: TrainConfig,
@@ -363,7 +366,7 @@ where
         world: W,
         algorithm: A,
         workers: K,
-        resumed_from: Option<CommittedCheckpoint>,
+        resumed_from: Option<u64>,
     ) -> Result<Self, TrainerError> {
         if workers.is_io_rank() {
             return Err(TrainerError::Collective {
@@ -380,8 +383,22 @@ where
         )?;
         let layout = ArtifactLayout::new(&cfg.artifacts.root, &cfg.run.task)?;
         let start = match resumed_from {
-            Some(checkpoint) => StartFrom::Checkpoint {
-                checkpoint,
+            Some(iteration) => StartFrom::Checkpoint {
+                checkpoint: store
+                    .committed()?
+                    .into_iter()
+                    .find(|c| c.iteration == iteration)
+                    .ok_or_else(|| TrainerError::Collective {
+                        rank: workers.rank(),
+                        world_size: workers.world_size(),
+                        operation: "start the run".into(),
+                        cause: format!(
+                            "rank 0 resumed from checkpoint {iteration}, which is not committed \
+                             in {} here (ranks on several machines need the checkpoint \
+                             directory on a shared filesystem)",
+                            store.task_dir().display()
+                        ),
+                    })?,
                 older: Vec::new(),
                 newer: Vec::new(),
             },

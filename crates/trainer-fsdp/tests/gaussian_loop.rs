@@ -43,6 +43,9 @@ const HARNESS: Harness = Harness {
 };
 
 fn main() {
+    if let Ok(node) = std::env::var(NODE_VAR) {
+        return node_child(node.parse().expect("a node index"));
+    }
     match HARNESS.child_dir() {
         Some(dir) => child(&dir),
         None => parent(),
@@ -942,9 +945,106 @@ fn a_rank_that_panics_ends_every_rank() {
     println!("test gaussian_loop a rank that panics ends every rank ... ok ({text})");
 }
 
+/// The child of [`two_machines_on_loopback_train_as_one`]: node `NODE_VAR` of two.
+const NODE_VAR: &str = "GAUSSIAN_NODE";
+const NODE_ROOT_VAR: &str = "GAUSSIAN_NODE_ROOT";
+const NODE_ORCHESTRATOR_VAR: &str = "GAUSSIAN_NODE_ORCHESTRATOR";
+const NODE_PORT_VAR: &str = "GAUSSIAN_NODE_PORT";
+
+/// One machine of a two-machine run: one rank, reaching the orchestrator and the other node
+/// on 127.0.0.1; writes its final offset to `node_<i>.bin` under the shared root.
+fn node_child(node_rank: usize) {
+    let var = |k: &str| std::env::var(k).unwrap_or_else(|_| panic!("{k} is set"));
+    let root = std::path::PathBuf::from(var(NODE_ROOT_VAR));
+    let port: u16 = var(NODE_PORT_VAR).parse().unwrap();
+    let setup = trainer_fsdp::NodeSetup {
+        nodes: 2,
+        node_rank,
+        orchestrator: var(NODE_ORCHESTRATOR_VAR),
+        node_address: format!("ws://127.0.0.1:{port}"),
+        data_port: port,
+    };
+    let (_, d) = run_ranks_on(&root, 3, &[], 1, None, Some(&setup)).unwrap();
+    let bits: Vec<u8> = d[0]
+        .iter()
+        .flat_map(|v| v.to_bits().to_le_bytes())
+        .collect();
+    trajectory::write_atomic(&root.join(format!("node_{node_rank}.bin")), &bits).unwrap();
+}
+
+/// A free TCP port on 127.0.0.1 (the OS's choice, released for the caller to bind).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Two machines on loopback — two processes of one rank each and burn's global orchestrator
+/// (on a thread of this process), all on 127.0.0.1 — train as one rank does, sharing the
+/// checkpoint directory as a shared filesystem would.
+fn two_machines_on_loopback_train_as_one() {
+    let one = tempfile::tempdir().unwrap();
+    let mut run = start(one.path(), 3, &[]);
+    run.run(&StopFlag::new()).unwrap();
+    let reference = delta(&run);
+    drop(run);
+
+    let root = tempfile::tempdir().unwrap();
+    let orchestrator_port = free_port();
+    trainer_fsdp::ranks::start_orchestrator(orchestrator_port).unwrap();
+    let exe = std::env::current_exe().unwrap();
+    let mut children: Vec<std::process::Child> = (0..2)
+        .map(|node| {
+            std::process::Command::new(&exe)
+                .env(NODE_VAR, node.to_string())
+                .env(NODE_ROOT_VAR, root.path())
+                .env(
+                    NODE_ORCHESTRATOR_VAR,
+                    format!("ws://127.0.0.1:{orchestrator_port}"),
+                )
+                .env(NODE_PORT_VAR, free_port().to_string())
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(240);
+    for (node, child) in children.iter_mut().enumerate() {
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                assert!(status.success(), "node {node} failed: {status}");
+                break;
+            }
+            if Instant::now() > deadline {
+                child.kill().ok();
+                panic!("node {node} did not finish in 240 s");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    let mut worst = 0.0f64;
+    for node in 0..2 {
+        let bytes = std::fs::read(root.path().join(format!("node_{node}.bin"))).unwrap();
+        let d: Vec<f32> = bytes
+            .chunks(4)
+            .map(|c| f32::from_bits(u32::from_le_bytes(c.try_into().unwrap())))
+            .collect();
+        worst = worst.max(offset_diff(&d, &reference));
+    }
+    assert!(
+        worst <= 1e-5,
+        "two machines ended {worst} from one rank's offset"
+    );
+    println!(
+        "test gaussian_loop two machines on loopback train as one ... ok (offset within {worst:.1e} of one rank's)"
+    );
+}
+
 /// Every test, in order; `GAUSSIAN_ONLY=<part of a name>` runs the matching ones alone.
 fn parent() {
-    let tests: [(&str, fn()); 18] = [
+    let tests: [(&str, fn()); 19] = [
         ("the_reward_rises", the_reward_rises),
         ("two_ranks_train_as_one", two_ranks_train_as_one),
         (
@@ -954,6 +1054,10 @@ fn parent() {
         (
             "a_rank_that_panics_ends_every_rank",
             a_rank_that_panics_ends_every_rank,
+        ),
+        (
+            "two_machines_on_loopback_train_as_one",
+            two_machines_on_loopback_train_as_one,
         ),
         (
             "the_rollout_anchor_trains_too",

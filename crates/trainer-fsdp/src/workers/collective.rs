@@ -125,7 +125,10 @@ impl CollectiveWorkers {
                             .parse()
                             .map_err(|e| fail(format!("node address {:?}: {e}", n.node_address)))?,
                     )
-                    .with_data_service_port(n.data_port);
+                    .with_data_service_port(n.data_port)
+                    // the ring strategy refuses a tensor with fewer elements than machines (a
+                    // bias, a scalar gather); the tree takes any shape
+                    .with_global_all_reduce_strategy(burn_collective::AllReduceStrategy::Tree(2));
         }
         let peer = PeerId::from(rank);
         burn_collective::register::<B>(peer, device.clone(), config)
@@ -239,6 +242,10 @@ impl Workers for CollectiveWorkers {
                     lengths[other]
                 ),
             ));
+        }
+        if n == 0 {
+            // nothing to gather (a barrier): the lengths were the collective
+            return Ok(vec![Vec::new(); w]);
         }
         let mut block = vec![0.0f32; w * n * PIECES];
         for (i, &x) in values.iter().enumerate() {

@@ -578,11 +578,25 @@ pub fn run_ranks(
     ranks: usize,
     panic: Option<(usize, usize)>,
 ) -> Result<(trainer_fsdp::RunSummary, Vec<Vec<f32>>), TrainerError> {
+    run_ranks_on(root, rollouts, extra, ranks, panic, None)
+}
+
+/// [`run_ranks`] on this machine's `local` ranks of a run over several machines (`node`), or
+/// on one machine (`node` `None`).
+pub fn run_ranks_on(
+    root: &Path,
+    rollouts: u64,
+    extra: &[&str],
+    local: usize,
+    panic: Option<(usize, usize)>,
+    node: Option<&trainer_fsdp::NodeSetup>,
+) -> Result<(trainer_fsdp::RunSummary, Vec<Vec<f32>>), TrainerError> {
     use trainer_fsdp::Workers;
     let cfg = config(root, rollouts, extra);
+    let ranks = local * node.map_or(1, |n| n.nodes);
     let pre = cfg.preflight().unwrap().for_ranks(ranks)?;
-    let devices = vec![Default::default(); ranks];
-    let out = trainer_fsdp::ranks::launch_ranks::<Flex, _, _>(&devices, 1, |workers, relay| {
+    let devices = vec![Default::default(); local];
+    let out = trainer_fsdp::ranks::launch_ranks::<Flex, _, _>(&devices, 1, node, |workers| {
         let mut world = GaussianWorld::new(&cfg.reward.scorers).unwrap();
         if let Some((r, at)) = panic
             && r == workers.rank()
@@ -602,10 +616,13 @@ pub fn run_ranks(
                 algorithm,
                 workers,
             )?;
-            relay.publish(run.resumed_from().cloned());
+            trainer_fsdp::ranks::agree_start(
+                workers,
+                Some(run.resumed_from().map(|c| c.iteration)),
+            )?;
             run
         } else {
-            let start = relay.wait(ranks)?;
+            let start = trainer_fsdp::ranks::agree_start(workers, None)?;
             Run::follow(
                 cfg.clone(),
                 pre.clone(),
