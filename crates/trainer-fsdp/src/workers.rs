@@ -281,4 +281,4 @@ impl Workers for LocalWorkers {
 #[cfg(feature = "collective")]
 mod collective;
 #[cfg(feature = "collective")]
-pub use collective::{CollectiveWorkers, NodeSetup};
+pub use collective::{BUCKET, CollectiveWorkers, NodeSetup};

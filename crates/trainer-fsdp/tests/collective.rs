@@ -264,8 +264,20 @@ fn the_all_reduced_gradient_is_the_whole_batch_gradient() {
         with_grad > 0 && with_grad < whole.len(),
         "the adapters have gradients, the base none"
     );
-    let replicas = [load(&trainable), load(&trainable)];
-    let b = &b;
+    for bucket in [trainer_fsdp::workers::BUCKET, 1000] {
+        reduced_equals_whole(&trainable, &b, &whole, bucket);
+    }
+}
+
+/// Two peers' all-reduced gradients against the whole batch's, with gradient buckets of
+/// `bucket` elements.
+fn reduced_equals_whole(
+    trainable: &Trainable,
+    b: &Batch,
+    whole: &[Option<Vec<f32>>],
+    bucket: usize,
+) {
+    let replicas = [load(trainable), load(trainable)];
     let reduced: Vec<Vec<Option<Vec<f32>>>> = std::thread::scope(|s| {
         let handles: Vec<_> = replicas
             .into_iter()
@@ -274,7 +286,8 @@ fn the_all_reduced_gradient_is_the_whole_batch_gradient() {
                 s.spawn(move || {
                     let w =
                         CollectiveWorkers::register::<Flex>(rank, 2, Default::default(), 1, None)
-                            .unwrap();
+                            .unwrap()
+                            .with_bucket_elements(bucket);
                     let g = loss(&model, b, 2 * rank..2 * rank + 2)
                         .unwrap()
                         .loss
@@ -290,7 +303,7 @@ fn the_all_reduced_gradient_is_the_whole_batch_gradient() {
     });
     for (rank, r) in reduced.iter().enumerate() {
         let mut worst = 0.0f64;
-        for (i, (a, e)) in r.iter().zip(&whole).enumerate() {
+        for (i, (a, e)) in r.iter().zip(whole).enumerate() {
             match (a, e) {
                 (None, None) => {}
                 (Some(a), Some(e)) => {
@@ -305,7 +318,7 @@ fn the_all_reduced_gradient_is_the_whole_batch_gradient() {
             }
         }
         println!(
-            "rank {rank}: all-reduced gradient against the whole batch's: max relative diff {worst:.3e}"
+            "rank {rank}, buckets of {bucket} elements: all-reduced gradient against the whole batch's: max relative diff {worst:.3e}"
         );
         assert!(worst <= 1e-5, "rank {rank}: {worst}");
     }

@@ -15,6 +15,9 @@
 //!   is reduced against zeros on the others, so that every rank issues the same collectives;
 //!   one with a gradient on no rank stays without one (the optimizer does not touch it), as on
 //!   one rank.
+//! - **Gradients travel in buckets**: flattened and concatenated in visit order up to
+//!   [`BUCKET`] elements, one all-reduce per bucket (a LoRA adapter's gradients in one), split
+//!   back after.
 //! - **Scalars are gathered exactly**: the runtime reduces float tensors by sum and mean only,
 //!   so [`Workers::all_gather`] sums a tensor in which each rank wrote its block and left the
 //!   others zero (`x + 0 = x` exactly), with every `f64` carried as four `f32`s holding
@@ -68,6 +71,7 @@ pub struct CollectiveWorkers {
     sum: Box<SumFn>,
     finish: Box<FinishFn>,
     reset: fn(),
+    bucket: usize,
 }
 
 impl std::fmt::Debug for CollectiveWorkers {
@@ -157,7 +161,15 @@ impl CollectiveWorkers {
             }),
             finish: Box::new(move || burn_collective::finish_collective::<B>(peer)),
             reset: burn_collective::reset_collective::<B>,
+            bucket: BUCKET,
         })
+    }
+
+    /// At most `elements` gradient elements per all-reduce (default [`BUCKET`]; a tensor
+    /// larger than that goes alone). Every rank must use the same.
+    pub fn with_bucket_elements(mut self, elements: usize) -> Self {
+        self.bucket = elements.max(1);
+        self
     }
 
     /// Leaves the collective (every rank does, at the end of the run).
@@ -294,22 +306,64 @@ impl Workers for CollectiveWorkers {
         let reduce: Vec<bool> = (0..mine.len())
             .map(|i| anywhere.iter().any(|rank| rank[i] != 0.0))
             .collect();
-        let mut visitor = Reduce::<B> {
+        // the gradients (zeros where this rank has none), flattened in visit order
+        let mut gather = Flatten::<B> {
             grads: &mut grads,
             reduce,
             index: 0,
-            peer: self.peer,
-            world_size: self.world_size as f64,
-            failure: None,
+            flat: Vec::new(),
+        };
+        model.visit(&mut gather);
+        let Flatten { flat, reduce, .. } = gather;
+        // buckets of whole tensors, each all-reduced at once: one collective per bucket, not
+        // per parameter
+        let mut reduced: Vec<Tensor<B::InnerBackend, 1>> = Vec::with_capacity(flat.len());
+        let mut i = 0;
+        while i < flat.len() {
+            let mut end = i;
+            let mut elements = 0;
+            while end < flat.len() && (end == i || elements + flat[end].dims()[0] <= self.bucket) {
+                elements += flat[end].dims()[0];
+                end += 1;
+            }
+            let sizes: Vec<usize> = flat[i..end].iter().map(|t| t.dims()[0]).collect();
+            let bucket = Tensor::cat(flat[i..end].to_vec(), 0);
+            let sum = burn_collective::all_reduce::<B::InnerBackend>(
+                self.peer,
+                bucket.into_primitive().tensor(),
+                ReduceOperation::Sum,
+            )
+            .map_err(|e| {
+                self.error(
+                    "all_reduce_grads",
+                    format!("the gradients of parameters {i}..{end} (in visit order): {e:?}"),
+                )
+            })?;
+            let mean = Tensor::<B::InnerBackend, 1>::from_primitive(TensorPrimitive::Float(sum))
+                .div_scalar(self.world_size as f64);
+            let mut at = 0;
+            for n in sizes {
+                reduced.push(mean.clone().narrow(0, at, n));
+                at += n;
+            }
+            i = end;
+        }
+        // back into the gradients, reshaped, in the same order
+        let mut scatter = Scatter::<B, _> {
+            grads: &mut grads,
+            reduce,
+            index: 0,
+            reduced: reduced.into_iter(),
             _b: std::marker::PhantomData,
         };
-        model.visit(&mut visitor);
-        if let Some(cause) = visitor.failure {
-            return Err(self.error("all_reduce_grads", cause));
-        }
+        model.visit(&mut scatter);
         Ok(grads)
     }
 }
+
+/// Elements per all-reduce bucket by default (256 MiB of f32): small enough for a copy of the gradients
+/// beside them, large enough that a LoRA adapter's gradients travel in one collective.
+pub const BUCKET: usize = 1 << 26;
 
 /// Records, per float parameter in visit order, whether it has a gradient (1) or not (0).
 struct Presence<'a, B: AutodiffBackend> {
@@ -325,40 +379,56 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for Presence<'_, B> {
     }
 }
 
-/// All-reduces (the mean over ranks) the gradient of every float parameter that has one on
-/// some rank, in visit order; a zero gradient stands in where this rank has none.
-struct Reduce<'a, B: AutodiffBackend> {
+/// Takes, in visit order, the gradient of every float parameter that has one on some rank (a
+/// zero gradient where this rank has none), flattened.
+struct Flatten<'a, B: AutodiffBackend> {
     grads: &'a mut GradientsParams,
     reduce: Vec<bool>,
     index: usize,
-    peer: PeerId,
-    world_size: f64,
-    failure: Option<String>,
-    _b: std::marker::PhantomData<B>,
+    flat: Vec<Tensor<B::InnerBackend, 1>>,
 }
 
-impl<B: AutodiffBackend> ModuleVisitor<B> for Reduce<'_, B> {
+impl<B: AutodiffBackend> ModuleVisitor<B> for Flatten<'_, B> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
         let i = self.index;
         self.index += 1;
-        if self.failure.is_some() || !self.reduce.get(i).copied().unwrap_or(false) {
+        if !self.reduce.get(i).copied().unwrap_or(false) {
             return;
         }
         let grad = self
             .grads
             .remove::<B::InnerBackend, D>(param.id)
             .unwrap_or_else(|| param.val().inner().zeros_like());
-        match burn_collective::all_reduce::<B::InnerBackend>(
-            self.peer,
-            grad.into_primitive().tensor(),
-            ReduceOperation::Sum,
-        ) {
-            Ok(sum) => {
-                let sum = Tensor::<B::InnerBackend, D>::from_primitive(TensorPrimitive::Float(sum));
-                self.grads
-                    .register(param.id, sum.div_scalar(self.world_size));
-            }
-            Err(e) => self.failure = Some(format!("parameter {i} (in visit order): {e:?}")),
+        let n = grad.shape().num_elements();
+        self.flat.push(grad.reshape([n]));
+    }
+}
+
+/// Registers the reduced gradients back, in the order [`Flatten`] took them, in their
+/// parameters' shapes.
+struct Scatter<'a, B: AutodiffBackend, I: Iterator<Item = Tensor<B::InnerBackend, 1>>> {
+    grads: &'a mut GradientsParams,
+    reduce: Vec<bool>,
+    index: usize,
+    reduced: I,
+    _b: std::marker::PhantomData<B>,
+}
+
+impl<B, I> ModuleVisitor<B> for Scatter<'_, B, I>
+where
+    B: AutodiffBackend,
+    I: Iterator<Item = Tensor<B::InnerBackend, 1>>,
+{
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        let i = self.index;
+        self.index += 1;
+        if !self.reduce.get(i).copied().unwrap_or(false) {
+            return;
+        }
+        let shape = param.val().shape();
+        if let Some(g) = self.reduced.next() {
+            self.grads
+                .register::<B::InnerBackend, D>(param.id, g.reshape(shape));
         }
     }
 }
