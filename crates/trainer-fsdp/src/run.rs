@@ -1031,6 +1031,36 @@ where
             ema: ema_at_start.as_ref(),
             sampling_copy: sampler.as_ref(),
         };
+        // every rank must step as often: the same updates and micro-batches (the plans are
+        // equal by construction; a mismatch would leave a rank waiting in an all-reduce the
+        // others never issue, so it is an error here instead)
+        if workers.world_size() > 1 {
+            let plan = &pre.update_plan;
+            let mine = [
+                plan.updates.len() as f64,
+                plan.micro_batches().count() as f64,
+                batch.samples.len() as f64,
+            ];
+            let all = workers.all_gather(&mine)?;
+            if let Some(other) = all.iter().position(|v| v[..] != mine[..]) {
+                return Err(TrainerError::Collective {
+                    rank: workers.rank(),
+                    world_size: workers.world_size(),
+                    operation: "plan the updates".into(),
+                    cause: format!(
+                        "rank {other} has {} updates of {} micro-batches over {} samples, rank \
+                         {} has {} of {} over {}",
+                        all[other][0],
+                        all[other][1],
+                        all[other][2],
+                        workers.rank(),
+                        mine[0],
+                        mine[1],
+                        mine[2]
+                    ),
+                });
+            }
+        }
         let (frozen, frozen_metrics) =
             algorithm.freeze(&ctx, model.as_ref().expect("model present"))?;
         let mut reports = Vec::with_capacity(pre.update_plan.updates.len());
