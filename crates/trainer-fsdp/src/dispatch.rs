@@ -355,7 +355,8 @@ fn trained_steps(cfg: &TrainConfig) -> String {
 /// runs this with the same config and as many devices; the run directory, checkpoints and
 /// artifacts must be on a filesystem they share (rank 0 writes the run's files, the others
 /// write their groups' sidecars beside them and read the checkpoint rank 0 resumed from).
-/// A failure there ends this machine's ranks; the other machines' ranks are not released.
+/// A failure there ends this machine's ranks and, once its process exits, the other
+/// machines' ranks at their next collective (the lost peer).
 ///
 /// # Errors
 /// As [`train`]; [`TrainerError::Preflight`] when the batch cannot be shared by the ranks;

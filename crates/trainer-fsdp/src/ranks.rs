@@ -16,6 +16,7 @@ use std::sync::Mutex;
 use burn::tensor::backend::Backend;
 
 use crate::error::TrainerError;
+use crate::run::error_chain;
 use crate::workers::{CollectiveWorkers, NodeSetup, Workers};
 
 /// Where the run starts, agreed by every rank: the IO rank passes `Some(its start)` (the
@@ -145,18 +146,6 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
         .map(|s| s.to_string())
         .or_else(|| panic.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "(no message)".into())
-}
-
-/// An error and its sources on one line (`a: b: c`).
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        out.push_str(": ");
-        out.push_str(&c.to_string());
-        cause = c.source();
-    }
-    out
 }
 
 /// Starts burn's global orchestrator, which the machines of a multi-machine run reach

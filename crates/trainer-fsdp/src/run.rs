@@ -1761,7 +1761,7 @@ where
 }
 
 /// An error and its sources on one line (`a: b: c`).
-fn error_chain(e: &dyn std::error::Error) -> String {
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
     let mut out = e.to_string();
     let mut cause = e.source();
     while let Some(c) = cause {

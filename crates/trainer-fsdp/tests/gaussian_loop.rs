@@ -950,6 +950,10 @@ const NODE_VAR: &str = "GAUSSIAN_NODE";
 const NODE_ROOT_VAR: &str = "GAUSSIAN_NODE_ROOT";
 const NODE_ORCHESTRATOR_VAR: &str = "GAUSSIAN_NODE_ORCHESTRATOR";
 const NODE_PORT_VAR: &str = "GAUSSIAN_NODE_PORT";
+/// `n`: the node's world panics at its `n`-th scoring.
+const NODE_PANIC_VAR: &str = "GAUSSIAN_NODE_PANIC";
+/// The exit code of a node whose run failed.
+const NODE_FAILED: i32 = 3;
 
 /// One machine of a two-machine run: one rank, reaching the orchestrator and the other node
 /// on 127.0.0.1; writes its final offset to `node_<i>.bin` under the shared root.
@@ -964,7 +968,16 @@ fn node_child(node_rank: usize) {
         node_address: format!("ws://127.0.0.1:{port}"),
         data_port: port,
     };
-    let (_, d) = run_ranks_on(&root, 3, &[], 1, None, Some(&setup)).unwrap();
+    let panic = std::env::var(NODE_PANIC_VAR)
+        .ok()
+        .map(|n| (node_rank, n.parse().unwrap()));
+    let (_, d) = match run_ranks_on(&root, 3, &[], 1, panic, Some(&setup)) {
+        Ok(done) => done,
+        Err(e) => {
+            eprintln!("NODE {node_rank} FAILED: {e}");
+            std::process::exit(NODE_FAILED);
+        }
+    };
     let bits: Vec<u8> = d[0]
         .iter()
         .flat_map(|v| v.to_bits().to_le_bytes())
@@ -981,9 +994,53 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// Two machines on loopback — two processes of one rank each and burn's global orchestrator
-/// (on a thread of this process), all on 127.0.0.1 — train as one rank does, sharing the
-/// checkpoint directory as a shared filesystem would.
+/// Two machines on loopback: two processes of one rank each and burn's global orchestrator
+/// (on a thread of this process), all on 127.0.0.1, training `config(root, 3, ..)` in `root`
+/// (the shared filesystem); with `panic = Some(n)` node 1's world panics at its `n`-th
+/// scoring. Returns each node's exit code and its stderr.
+fn two_machines(root: &Path, panic: Option<usize>) -> Vec<(i32, String)> {
+    let orchestrator_port = free_port();
+    trainer_fsdp::ranks::start_orchestrator(orchestrator_port).unwrap();
+    let exe = std::env::current_exe().unwrap();
+    let mut children: Vec<std::process::Child> = (0..2)
+        .map(|node| {
+            let log = std::fs::File::create(root.join(format!("node_{node}.log"))).unwrap();
+            let mut cmd = std::process::Command::new(&exe);
+            cmd.env(NODE_VAR, node.to_string())
+                .env(NODE_ROOT_VAR, root)
+                .env(
+                    NODE_ORCHESTRATOR_VAR,
+                    format!("ws://127.0.0.1:{orchestrator_port}"),
+                )
+                .env(NODE_PORT_VAR, free_port().to_string())
+                .stdout(std::process::Stdio::null())
+                .stderr(log);
+            if let (Some(n), 1) = (panic, node) {
+                cmd.env(NODE_PANIC_VAR, n.to_string());
+            }
+            cmd.spawn().unwrap()
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(240);
+    let mut out = Vec::new();
+    for (node, child) in children.iter_mut().enumerate() {
+        let code = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status.code().unwrap_or(-1);
+            }
+            if Instant::now() > deadline {
+                child.kill().ok();
+                panic!("node {node} did not finish in 240 s");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let log = std::fs::read_to_string(root.join(format!("node_{node}.log"))).unwrap();
+        out.push((code, log));
+    }
+    out
+}
+
+/// Two machines on loopback train as one rank does (see [`two_machines`]).
 fn two_machines_on_loopback_train_as_one() {
     let one = tempfile::tempdir().unwrap();
     let mut run = start(one.path(), 3, &[]);
@@ -992,37 +1049,8 @@ fn two_machines_on_loopback_train_as_one() {
     drop(run);
 
     let root = tempfile::tempdir().unwrap();
-    let orchestrator_port = free_port();
-    trainer_fsdp::ranks::start_orchestrator(orchestrator_port).unwrap();
-    let exe = std::env::current_exe().unwrap();
-    let mut children: Vec<std::process::Child> = (0..2)
-        .map(|node| {
-            std::process::Command::new(&exe)
-                .env(NODE_VAR, node.to_string())
-                .env(NODE_ROOT_VAR, root.path())
-                .env(
-                    NODE_ORCHESTRATOR_VAR,
-                    format!("ws://127.0.0.1:{orchestrator_port}"),
-                )
-                .env(NODE_PORT_VAR, free_port().to_string())
-                .stdout(std::process::Stdio::null())
-                .spawn()
-                .unwrap()
-        })
-        .collect();
-    let deadline = Instant::now() + Duration::from_secs(240);
-    for (node, child) in children.iter_mut().enumerate() {
-        loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                assert!(status.success(), "node {node} failed: {status}");
-                break;
-            }
-            if Instant::now() > deadline {
-                child.kill().ok();
-                panic!("node {node} did not finish in 240 s");
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+    for (node, (code, log)) in two_machines(root.path(), None).iter().enumerate() {
+        assert_eq!(*code, 0, "node {node} failed: {log}");
     }
     let mut worst = 0.0f64;
     for node in 0..2 {
@@ -1042,9 +1070,41 @@ fn two_machines_on_loopback_train_as_one() {
     );
 }
 
+/// A machine whose rank panics ends the other machine's run too: its process exits, the
+/// other's next collective fails on the lost peer, and the rollout they were in leaves no
+/// checkpoint.
+fn a_failing_machine_ends_the_other() {
+    let root = tempfile::tempdir().unwrap();
+    // node 1 scores once per rollout: its 2nd scoring is rollout 1's
+    let out = two_machines(root.path(), Some(2));
+    assert_eq!(out[1].0, NODE_FAILED, "node 1: {}", out[1].1);
+    assert!(out[1].1.contains("injected"), "{}", out[1].1);
+    assert_eq!(out[0].0, NODE_FAILED, "node 0 ended too: {}", out[0].1);
+    let cfg = config(root.path(), 3, &[]);
+    let store = trainer_fsdp::CheckpointStore::new(
+        &cfg.checkpoint.dir,
+        &cfg.run.task,
+        cfg.checkpoint.max_to_keep,
+    )
+    .unwrap();
+    let last = store.latest_committed().unwrap().map(|c| c.iteration);
+    assert_eq!(last, Some(0), "rollout 1 left no checkpoint");
+    let line = |log: &str| {
+        log.lines()
+            .find(|l| l.starts_with("NODE"))
+            .unwrap_or_default()
+            .to_string()
+    };
+    println!(
+        "test gaussian_loop a failing machine ends the other ... ok ({}; {})",
+        line(&out[1].1),
+        line(&out[0].1)
+    );
+}
+
 /// Every test, in order; `GAUSSIAN_ONLY=<part of a name>` runs the matching ones alone.
 fn parent() {
-    let tests: [(&str, fn()); 19] = [
+    let tests: [(&str, fn()); 20] = [
         ("the_reward_rises", the_reward_rises),
         ("two_ranks_train_as_one", two_ranks_train_as_one),
         (
@@ -1058,6 +1118,10 @@ fn parent() {
         (
             "two_machines_on_loopback_train_as_one",
             two_machines_on_loopback_train_as_one,
+        ),
+        (
+            "a_failing_machine_ends_the_other",
+            a_failing_machine_ends_the_other,
         ),
         (
             "the_rollout_anchor_trains_too",

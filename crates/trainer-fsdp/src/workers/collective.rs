@@ -136,7 +136,7 @@ impl CollectiveWorkers {
         }
         let peer = PeerId::from(rank);
         burn_collective::register::<B>(peer, device.clone(), config)
-            .map_err(|e| fail(format!("{e:?}")))?;
+            .map_err(|e| fail(describe(&e)))?;
         let sum_device = device;
         Ok(Self {
             rank,
@@ -178,7 +178,7 @@ impl CollectiveWorkers {
     /// [`TrainerError::Collective`] when the runtime refuses (a peer that was released by
     /// [`CollectiveWorkers::abort`] is no longer registered).
     pub fn finish(&self) -> Result<(), TrainerError> {
-        (self.finish)().map_err(|e| self.error("finish", format!("{e:?}")))
+        (self.finish)().map_err(|e| self.error("finish", describe(&e)))
     }
 
     /// Releases every peer of this machine waiting in a collective, with an error, and forgets
@@ -200,11 +200,27 @@ impl CollectiveWorkers {
     /// The element-wise sum over ranks of `values` (every rank passes as many).
     fn sum(&self, operation: &str, values: Vec<f32>) -> Result<Vec<f32>, TrainerError> {
         let n = values.len();
-        let out = (self.sum)(values).map_err(|e| self.error(operation, format!("{e:?}")))?;
+        let out = (self.sum)(values).map_err(|e| self.error(operation, describe(&e)))?;
         if out.len() != n {
             return Err(self.error(operation, format!("{} values came back for {n}", out.len())));
         }
         Ok(out)
+    }
+}
+
+/// What a collective error means for the run, with the runtime's own name for it.
+fn describe(e: &CollectiveError) -> String {
+    match e {
+        CollectiveError::LocalServerMissing | CollectiveError::RegisterNotFirstOperation => {
+            format!(
+                "the collective ended under this rank: another rank of this machine failed, or \
+                 a machine of the run was lost ({e:?})"
+            )
+        }
+        CollectiveError::Global(g) => {
+            format!("between the machines: {g:?} (a lost machine ends the run on the others)")
+        }
+        other => format!("{other:?}"),
     }
 }
 
@@ -336,7 +352,10 @@ impl Workers for CollectiveWorkers {
             .map_err(|e| {
                 self.error(
                     "all_reduce_grads",
-                    format!("the gradients of parameters {i}..{end} (in visit order): {e:?}"),
+                    format!(
+                        "the gradients of parameters {i}..{end} (in visit order): {}",
+                        describe(&e)
+                    ),
                 )
             })?;
             let mean = Tensor::<B::InnerBackend, 1>::from_primitive(TensorPrimitive::Float(sum))
