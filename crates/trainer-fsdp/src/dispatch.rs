@@ -436,29 +436,33 @@ impl<B: AutodiffBackend> Job<B> for RankJob<'_, B> {
                 "{ranks} ranks, one per device; each rolls out and trains {} of the {} samples of a rollout",
                 self.pre.update_plan.num_samples, self.pre.batch.global_batch_size
             );
-            let run = Run::new(
-                self.cfg,
-                self.pre,
-                &self.run_dir,
-                self.device,
-                world,
-                algorithm,
-                self.workers,
-            )?;
+            let run = crate::ranks::one_at_a_time(|| {
+                Run::new(
+                    self.cfg,
+                    self.pre,
+                    &self.run_dir,
+                    self.device,
+                    world,
+                    algorithm,
+                    self.workers,
+                )
+            })?;
             crate::ranks::agree_start(self.workers, Some(run.resumed_from().map(|c| c.iteration)))?;
             run
         } else {
             let start = crate::ranks::agree_start(self.workers, None)?;
-            Run::follow(
-                self.cfg,
-                self.pre,
-                &self.run_dir,
-                self.device,
-                world,
-                algorithm,
-                self.workers,
-                start,
-            )?
+            crate::ranks::one_at_a_time(|| {
+                Run::follow(
+                    self.cfg,
+                    self.pre,
+                    &self.run_dir,
+                    self.device,
+                    world,
+                    algorithm,
+                    self.workers,
+                    start,
+                )
+            })?
         };
         run.run(&self.stop)
     }

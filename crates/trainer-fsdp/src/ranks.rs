@@ -169,3 +169,13 @@ pub fn start_orchestrator(port: u16) -> Result<std::thread::JoinHandle<()>, Trai
         runtime.block_on(burn_collective::start_global_orchestrator(port));
     }))
 }
+
+/// Runs `f` while no other rank of this process runs a `one_at_a_time` closure: building a
+/// rank's run draws from the backend's random stream (a LoRA adapter's initialisation after
+/// `Backend::seed`), which the ranks of one process share, so two ranks building at once would
+/// interleave their draws and start from different weights.
+pub fn one_at_a_time<T>(f: impl FnOnce() -> T) -> T {
+    static BUILDING: Mutex<()> = Mutex::new(());
+    let _guard = BUILDING.lock().unwrap_or_else(|p| p.into_inner());
+    f()
+}

@@ -926,6 +926,44 @@ where
             .collect())
     }
 
+    /// With several ranks: checks that every rank holds the same trainable weights (a hash of
+    /// their bits in visit order, gathered), since replicas that start apart stay apart —
+    /// every rank steps with the same all-reduced gradient. One rank: nothing.
+    ///
+    /// # Errors
+    /// [`TrainerError::Collective`] naming the first rank whose weights differ from rank 0's;
+    /// failed collectives.
+    pub fn check_replicas(&self) -> Result<(), TrainerError> {
+        let w = self.workers.world_size();
+        if w == 1 {
+            return Ok(());
+        }
+        let mut hash = TrainableHash::<B> {
+            hasher: xxhash_rust::xxh3::Xxh3::new(),
+            tensors: 0,
+            _b: std::marker::PhantomData,
+        };
+        burn::module::Module::visit(self.model(), &mut hash);
+        let mine = [f64::from_bits(hash.hasher.digest()), hash.tensors as f64];
+        let all = self.workers.all_gather(&mine)?;
+        if let Some(other) = all
+            .iter()
+            .position(|v| v[0].to_bits() != all[0][0].to_bits() || v[1] != all[0][1])
+        {
+            return Err(TrainerError::Collective {
+                rank: self.workers.rank(),
+                world_size: w,
+                operation: "check the replicas".into(),
+                cause: format!(
+                    "rank {other} starts with other trainable weights than rank 0 ({} against \
+                     {} trainable tensors, or their values): replicas must start equal",
+                    all[other][1], all[0][1]
+                ),
+            });
+        }
+        Ok(())
+    }
+
     /// Every rank's reward groups, in the rollout's group order (`prompts` are the rollout's
     /// prompts, one per group): this rank's `mine` (of its [`Workers::group_shard`]) and the
     /// others', gathered bit for bit. Each sample carries the configured components (present
@@ -1234,6 +1272,7 @@ where
     /// # Errors
     /// Any phase's error (a failed reward group is not an error: it is logged and skipped).
     pub fn run(&mut self, stop: &StopFlag) -> Result<RunSummary, TrainerError> {
+        self.check_replicas()?;
         let start = Instant::now();
         let cpu_start = crate::monitor::process_cpu_seconds();
         // CPU seconds of this call's evaluations, left out of perf/train_cpu_seconds
@@ -1524,6 +1563,28 @@ where
                 ..
             }) => Ok(()),
             other => other,
+        }
+    }
+}
+
+/// Hashes the bits of every trainable (gradient-requiring) float parameter in visit order.
+struct TrainableHash<B: AutodiffBackend> {
+    hasher: xxhash_rust::xxh3::Xxh3,
+    tensors: usize,
+    _b: std::marker::PhantomData<B>,
+}
+
+impl<B: AutodiffBackend> burn::module::ModuleVisitor<B> for TrainableHash<B> {
+    fn visit_float<const D: usize>(&mut self, param: &burn::module::Param<Tensor<B, D>>) {
+        let v = param.val();
+        if !v.is_require_grad() {
+            return;
+        }
+        self.tensors += 1;
+        let data = v.inner().into_data();
+        self.hasher.update(data.as_bytes());
+        for d in data.shape.iter() {
+            self.hasher.update(&(*d as u64).to_le_bytes());
         }
     }
 }

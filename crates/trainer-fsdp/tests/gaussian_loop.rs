@@ -939,6 +939,15 @@ fn a_rank_that_panics_ends_every_rank() {
     .unwrap();
     let last = store.latest_committed().unwrap().map(|c| c.iteration);
     assert_eq!(last, Some(1), "rollout 2 left no checkpoint");
+    // replicas that start apart are refused before the first rollout
+    let apart = tempfile::tempdir().unwrap();
+    let e = run_ranks(apart.path(), 2, &[], 2, Some((1, 0)))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("rank 1 starts with other trainable weights than rank 0"),
+        "{e}"
+    );
     // and the collective is usable again: a fresh two-rank run in this process
     let again = tempfile::tempdir().unwrap();
     run_ranks(again.path(), 1, &["eval.interval=0"], 2, None).unwrap();

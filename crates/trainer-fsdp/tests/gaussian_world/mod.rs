@@ -130,6 +130,8 @@ pub struct GaussianWorld {
     restores: std::sync::atomic::AtomicUsize,
     /// Panics at the `n`-th call of `score` (1-based), for the failing-rank test.
     pub panic_at_score: Option<usize>,
+    /// The offset the loaded policy starts at (0: the base), for the replica check.
+    pub start_offset: f32,
 }
 
 impl GaussianWorld {
@@ -161,6 +163,7 @@ impl GaussianWorld {
             stop_at_restore: None,
             restores: Default::default(),
             panic_at_score: None,
+            start_offset: 0.0,
             held_out: (CLASSES - HELD_OUT..CLASSES)
                 .map(|c| HeldOutPrompt {
                     prompt: format!("class {c}"),
@@ -222,8 +225,14 @@ impl<Bk: AutodiffBackend> World<Bk> for GaussianWorld {
             &Trainable::Full,
             "the Gaussian policy trains in full"
         );
+        let mut model = GaussianPolicy::base(device);
+        if self.start_offset != 0.0 {
+            model.delta = Param::from_tensor(
+                Tensor::zeros([TOKENS * CHANNELS], device).add_scalar(self.start_offset),
+            );
+        }
         Ok(LoadedPolicy {
-            model: GaussianPolicy::base(device),
+            model,
             contract: None,
             weight_hash: Digest::sha256(b"gaussian world base policy"),
         })
@@ -602,6 +611,13 @@ pub fn run_ranks_on(
             && r == workers.rank()
         {
             world.panic_at_score = Some(at);
+        }
+        // `panic = (r, 0)`: rank r's policy starts apart instead
+        if let Some((r, 0)) = panic
+            && r == workers.rank()
+        {
+            world.panic_at_score = None;
+            world.start_offset = 0.25;
         }
         let algorithm = <FlowGrpo as trainer_fsdp::dispatch::FromPlan>::from_plan(&pre.algorithm)
             .expect("a FlowGRPO plan");
