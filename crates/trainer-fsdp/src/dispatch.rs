@@ -426,44 +426,27 @@ impl<B: AutodiffBackend> Job<B> for RankJob<'_, B> {
         algorithm: A,
     ) -> Result<RunSummary, TrainerError> {
         use crate::workers::Workers;
-        let ranks = self.workers.world_size();
-        let mut run = if self.workers.is_io_rank() {
+        if self.workers.is_io_rank() {
             println!(
                 "{}",
                 banner(&self.cfg, algorithm.name(), &world.name(), &self.run_dir)
             );
             println!(
-                "{ranks} ranks, one per device; each rolls out and trains {} of the {} samples of a rollout",
-                self.pre.update_plan.num_samples, self.pre.batch.global_batch_size
+                "{} ranks, one per device; each rolls out and trains {} of the {} samples of a rollout",
+                self.workers.world_size(),
+                self.pre.update_plan.num_samples,
+                self.pre.batch.global_batch_size
             );
-            let run = crate::ranks::one_at_a_time(|| {
-                Run::new(
-                    self.cfg,
-                    self.pre,
-                    &self.run_dir,
-                    self.device,
-                    world,
-                    algorithm,
-                    self.workers,
-                )
-            })?;
-            crate::ranks::agree_start(self.workers, Some(run.resumed_from().map(|c| c.iteration)))?;
-            run
-        } else {
-            let start = crate::ranks::agree_start(self.workers, None)?;
-            crate::ranks::one_at_a_time(|| {
-                Run::follow(
-                    self.cfg,
-                    self.pre,
-                    &self.run_dir,
-                    self.device,
-                    world,
-                    algorithm,
-                    self.workers,
-                    start,
-                )
-            })?
-        };
+        }
+        let mut run = crate::ranks::start_rank(
+            self.cfg,
+            self.pre,
+            &self.run_dir,
+            self.device,
+            world,
+            algorithm,
+            self.workers,
+        )?;
         run.run(&self.stop)
     }
 }

@@ -11,9 +11,15 @@
 //! register before anything that can fail (a registration waits for every peer, and a reset
 //! does not release it).
 
+use std::path::Path;
 use std::sync::Mutex;
 
-use burn::tensor::backend::Backend;
+use burn::tensor::backend::{AutodiffBackend, Backend};
+
+use crate::algorithm::Algorithm;
+use crate::config::{Preflight, TrainConfig};
+use crate::run::Run;
+use crate::world::World;
 
 use crate::error::TrainerError;
 use crate::run::error_chain;
@@ -168,6 +174,38 @@ pub fn start_orchestrator(port: u16) -> Result<std::thread::JoinHandle<()>, Trai
     Ok(std::thread::spawn(move || {
         runtime.block_on(burn_collective::start_global_orchestrator(port));
     }))
+}
+
+/// This rank's run: the IO rank prepares the run directory ([`Run::new`]) and tells the
+/// others where it starts ([`agree_start`]); the others start there ([`Run::follow`]). The
+/// ranks of one process build their runs [`one_at_a_time`].
+///
+/// # Errors
+/// As [`Run::new`] and [`Run::follow`]; failed collectives.
+#[allow(clippy::too_many_arguments)]
+pub fn start_rank<B, W, A, K>(
+    cfg: TrainConfig,
+    pre: Preflight,
+    run_dir: &Path,
+    device: B::Device,
+    world: W,
+    algorithm: A,
+    workers: K,
+) -> Result<Run<B, W, A, K>, TrainerError>
+where
+    B: AutodiffBackend,
+    W: World<B>,
+    A: Algorithm<B, W>,
+    K: Workers,
+{
+    if workers.is_io_rank() {
+        let run = one_at_a_time(|| Run::new(cfg, pre, run_dir, device, world, algorithm, workers))?;
+        agree_start(run.workers(), Some(run.resumed_from().map(|c| c.iteration)))?;
+        Ok(run)
+    } else {
+        let start = agree_start(&workers, None)?;
+        one_at_a_time(|| Run::follow(cfg, pre, run_dir, device, world, algorithm, workers, start))
+    }
 }
 
 /// Runs `f` while no other rank of this process runs a `one_at_a_time` closure: building a

@@ -299,12 +299,7 @@ where
         algorithm: A,
         workers: K,
     ) -> Result<Self, TrainerError> {
-        let store = CheckpointStore::new(
-            &cfg.checkpoint.dir,
-            &cfg.run.task,
-            cfg.checkpoint.max_to_keep,
-        )?;
-        let layout = ArtifactLayout::new(&cfg.artifacts.root, &cfg.run.task)?;
+        let (store, layout) = stores(&cfg)?;
         if !workers.is_io_rank() {
             return Err(TrainerError::Collective {
                 rank: workers.rank(),
@@ -376,12 +371,7 @@ where
                 cause: "the IO rank starts with Run::new".into(),
             });
         }
-        let store = CheckpointStore::new(
-            &cfg.checkpoint.dir,
-            &cfg.run.task,
-            cfg.checkpoint.max_to_keep,
-        )?;
-        let layout = ArtifactLayout::new(&cfg.artifacts.root, &cfg.run.task)?;
+        let (store, layout) = stores(&cfg)?;
         let start = match resumed_from {
             Some(iteration) => StartFrom::Checkpoint {
                 checkpoint: store
@@ -1680,20 +1670,13 @@ pub fn combine_over_ranks<K: Workers>(
             let sibling = name
                 .strip_suffix("_std")
                 .and_then(|p| index.get(format!("{p}_mean").as_str()).copied());
-            let nan_fold = |f: fn(f64, f64) -> f64| {
-                move |a: f64, x: f64| {
-                    if a.is_nan() || x.is_nan() {
-                        f64::NAN
-                    } else {
-                        f(a, x)
-                    }
-                }
-            };
             let value = match names::rank_reduction(name) {
                 names::RankReduction::Mean => column.sum::<f64>() / w as f64,
                 names::RankReduction::Sum => column.sum(),
-                names::RankReduction::Min => column.fold(f64::INFINITY, nan_fold(f64::min)),
-                names::RankReduction::Max => column.fold(f64::NEG_INFINITY, nan_fold(f64::max)),
+                names::RankReduction::Min => column.fold(f64::INFINITY, crate::algorithm::nan_min),
+                names::RankReduction::Max => {
+                    column.fold(f64::NEG_INFINITY, crate::algorithm::nan_max)
+                }
                 names::RankReduction::Same => all[0][i + 1],
                 names::RankReduction::PooledStd => match sibling {
                     Some(m) => {
@@ -1711,6 +1694,17 @@ pub fn combine_over_ranks<K: Workers>(
             (name.clone(), value)
         })
         .collect())
+}
+
+/// The checkpoint store and the artifact layout of `cfg`.
+fn stores(cfg: &TrainConfig) -> Result<(CheckpointStore, ArtifactLayout), TrainerError> {
+    let store = CheckpointStore::new(
+        &cfg.checkpoint.dir,
+        &cfg.run.task,
+        cfg.checkpoint.max_to_keep,
+    )?;
+    let layout = ArtifactLayout::new(&cfg.artifacts.root, &cfg.run.task)?;
+    Ok((store, layout))
 }
 
 /// The readable copy of the trainable weights a checkpoint holds ([`World::checkpoint_files`])

@@ -160,20 +160,8 @@ pub trait Workers: Sync {
             let column = all.iter().map(|rank| rank[i]);
             *v = match op {
                 ScalarReduce::Sum => column.sum(),
-                ScalarReduce::Min => column.fold(f64::INFINITY, |a, x| {
-                    if a.is_nan() || x.is_nan() {
-                        f64::NAN
-                    } else {
-                        a.min(x)
-                    }
-                }),
-                ScalarReduce::Max => column.fold(f64::NEG_INFINITY, |a, x| {
-                    if a.is_nan() || x.is_nan() {
-                        f64::NAN
-                    } else {
-                        a.max(x)
-                    }
-                }),
+                ScalarReduce::Min => column.fold(f64::INFINITY, crate::algorithm::nan_min),
+                ScalarReduce::Max => column.fold(f64::NEG_INFINITY, crate::algorithm::nan_max),
             };
         }
         Ok(())

@@ -911,6 +911,20 @@ fn a_checkpoint_resumes_on_another_number_of_ranks() {
     );
 }
 
+/// The iteration of the last committed checkpoint of a run of `config(root, ..)`.
+fn last_committed(root: &Path) -> Option<u64> {
+    let cfg = config(root, 1, &[]);
+    trainer_fsdp::CheckpointStore::new(
+        &cfg.checkpoint.dir,
+        &cfg.run.task,
+        cfg.checkpoint.max_to_keep,
+    )
+    .unwrap()
+    .latest_committed()
+    .unwrap()
+    .map(|c| c.iteration)
+}
+
 /// A rank that panics ends every rank: the run returns the panic, naming the rank, and the
 /// rollout it was in leaves no checkpoint (the previous one is the last committed).
 fn a_rank_that_panics_ends_every_rank() {
@@ -930,14 +944,7 @@ fn a_rank_that_panics_ends_every_rank() {
             && text.contains("injected"),
         "{text}"
     );
-    let cfg = config(dir.path(), 4, &[]);
-    let store = trainer_fsdp::CheckpointStore::new(
-        &cfg.checkpoint.dir,
-        &cfg.run.task,
-        cfg.checkpoint.max_to_keep,
-    )
-    .unwrap();
-    let last = store.latest_committed().unwrap().map(|c| c.iteration);
+    let last = last_committed(dir.path());
     assert_eq!(last, Some(1), "rollout 2 left no checkpoint");
     // replicas that start apart are refused before the first rollout
     let apart = tempfile::tempdir().unwrap();
@@ -1089,14 +1096,7 @@ fn a_failing_machine_ends_the_other() {
     assert_eq!(out[1].0, NODE_FAILED, "node 1: {}", out[1].1);
     assert!(out[1].1.contains("injected"), "{}", out[1].1);
     assert_eq!(out[0].0, NODE_FAILED, "node 0 ended too: {}", out[0].1);
-    let cfg = config(root.path(), 3, &[]);
-    let store = trainer_fsdp::CheckpointStore::new(
-        &cfg.checkpoint.dir,
-        &cfg.run.task,
-        cfg.checkpoint.max_to_keep,
-    )
-    .unwrap();
-    let last = store.latest_committed().unwrap().map(|c| c.iteration);
+    let last = last_committed(root.path());
     assert_eq!(last, Some(0), "rollout 1 left no checkpoint");
     let line = |log: &str| {
         log.lines()

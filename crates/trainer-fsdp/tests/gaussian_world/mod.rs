@@ -621,35 +621,15 @@ pub fn run_ranks_on(
         }
         let algorithm = <FlowGrpo as trainer_fsdp::dispatch::FromPlan>::from_plan(&pre.algorithm)
             .expect("a FlowGRPO plan");
-        let dir = root.join("run");
-        let mut run = if workers.is_io_rank() {
-            let run = Run::new(
-                cfg.clone(),
-                pre.clone(),
-                &dir,
-                Default::default(),
-                world,
-                algorithm,
-                workers,
-            )?;
-            trainer_fsdp::ranks::agree_start(
-                workers,
-                Some(run.resumed_from().map(|c| c.iteration)),
-            )?;
-            run
-        } else {
-            let start = trainer_fsdp::ranks::agree_start(workers, None)?;
-            Run::follow(
-                cfg.clone(),
-                pre.clone(),
-                &dir,
-                Default::default(),
-                world,
-                algorithm,
-                workers,
-                start,
-            )?
-        };
+        let mut run = trainer_fsdp::ranks::start_rank(
+            cfg.clone(),
+            pre.clone(),
+            &root.join("run"),
+            Default::default(),
+            world,
+            algorithm,
+            workers,
+        )?;
         let summary = run.run(&trainer_fsdp::StopFlag::new())?;
         Ok((summary, delta(&run)))
     })?;
