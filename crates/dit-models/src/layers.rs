@@ -151,10 +151,10 @@ impl RmsNormConfig {
 
 impl<B: Backend> RmsNorm<B> {
     /// Normalises over the last axis of `x: [..., dim]`.
+    ///
+    /// [`fused_ops::rms_norm`]: one pass forward and one backward on the CPU backend.
     pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
-        let var = x.clone().square().mean_dim(D - 1);
-        let w = self.weight.val().unsqueeze::<D>();
-        x * var.add_scalar(self.eps).sqrt().recip() * w
+        fused_ops::rms_norm(x, self.weight.val(), self.eps)
     }
 }
 
@@ -165,22 +165,6 @@ pub fn layer_norm<B: Backend, const D: usize>(x: Tensor<B, D>, eps: f64) -> Tens
     let xc = x - mean;
     let var = xc.clone().square().mean_dim(D - 1);
     xc * var.add_scalar(eps).sqrt().recip()
-}
-
-/// The largest tensor (in elements) the forward writes out instead of broadcasting: 4 Mi
-/// elements, 16 MiB in `f32`.
-///
-/// burn's CPU backend (Flex) has SIMD paths for contiguous operands, a row shared by the
-/// whole tensor and a scalar per row, and walks every other broadcast element by element; the
-/// per-row modulations, the RoPE tables and the attention mask of a batch are such
-/// broadcasts, so small models run 2x faster with them written out (a row `memcpy`). On a GPU
-/// a broadcast is free and a written-out copy costs memory, which autodiff may keep for
-/// backward: at the real model's sizes the forward keeps the broadcasts.
-pub(crate) const WRITE_OUT_MAX_ELEMENTS: usize = 1 << 22;
-
-/// Whether a broadcast to `shape` is written out ([`WRITE_OUT_MAX_ELEMENTS`]).
-pub(crate) fn write_out<const D: usize>(shape: [usize; D]) -> bool {
-    shape.iter().product::<usize>() <= WRITE_OUT_MAX_ELEMENTS
 }
 
 /// GELU with the tanh approximation (`gelu-approximate` / `approximate="tanh"`):

@@ -7,9 +7,7 @@ use burn::tensor::{Bool, DType, Tensor, TensorData};
 
 use crate::attention::joint_attention;
 use crate::config::{NORM_EPS, QwenImageConfig};
-use crate::layers::{
-    Adapters, Linear, LinearConfig, RmsNorm, RmsNormConfig, gelu_tanh, layer_norm, silu, write_out,
-};
+use crate::layers::{Adapters, Linear, LinearConfig, RmsNorm, RmsNormConfig, gelu_tanh, silu};
 use crate::rope::{ImageShape, apply_rope, rope_tables};
 
 /// Channels of the sinusoidal timestep embedding (diffusers `Timesteps(num_channels=256)`).
@@ -541,27 +539,11 @@ fn chunks<B: Backend, const N: usize>(x: Tensor<B, 3>) -> [Tensor<B, 3>; N] {
         .unwrap_or_else(|_| panic!("modulation does not split into {N} chunks"))
 }
 
-/// `layer_norm(x) * (1 + scale) + shift` for `x: [batch, tokens, dim]` and per-row
-/// modulation `[batch, 1, dim]` or `[batch, tokens, dim]` ([`per_token`]).
+/// `layer_norm(x) * (1 + scale) + shift` for `x: [batch, tokens, dim]` and the per-row
+/// modulation `[batch, 1, dim]` ([`fused_ops::layer_norm_modulated`]: one pass on the CPU
+/// backend, forward and backward).
 fn modulate<B: Backend>(x: Tensor<B, 3>, shift: Tensor<B, 3>, scale: Tensor<B, 3>) -> Tensor<B, 3> {
-    let tokens = x.dims()[1];
-    layer_norm(x, NORM_EPS) * per_token(scale + 1.0, tokens) + per_token(shift, tokens)
-}
-
-/// A per-row modulation `[batch, 1, dim]` made ready to multiply or add to `[batch, tokens,
-/// dim]` activations: written out to `[batch, tokens, dim]` when that is small
-/// ([`crate::layers::write_out`]) and the batch has more than one row, broadcast otherwise.
-///
-/// The numbers are the broadcast's either way. burn's CPU backend has a fast path for a row
-/// shared by the whole tensor (the batch-of-one case) but walks any other broadcast element by
-/// element, which made the modulations and gates a fifth of a small model's forward.
-fn per_token<B: Backend>(m: Tensor<B, 3>, tokens: usize) -> Tensor<B, 3> {
-    let [b, s, d] = m.dims();
-    if b == 1 || s == tokens || !write_out([b, tokens, d]) {
-        m
-    } else {
-        m.repeat_dim(1, tokens)
-    }
+    fused_ops::layer_norm_modulated(x, shift, scale, NORM_EPS)
 }
 
 impl<B: Backend> FeedForward<B> {
@@ -644,41 +626,18 @@ impl<B: Backend> QwenImageTransformerBlock<B> {
             ctx.key_mask.clone(),
             a,
         );
-        // The gated residuals keep the activations on the left (the broadcast fast path).
-        let (s_img, s_txt) = (img.dims()[1], txt.dims()[1]);
-        let img = img + img_attn * per_token(i_gate1, s_img);
-        let txt = txt + txt_attn * per_token(t_gate1, s_txt);
+        // `x + r * gate` ([`fused_ops::gated_residual`]: one pass on the CPU backend).
+        let img = fused_ops::gated_residual(img, img_attn, i_gate1);
+        let txt = fused_ops::gated_residual(txt, txt_attn, t_gate1);
 
         let img_mlp = self
             .img_mlp
             .forward(modulate(img.clone(), i_shift2, i_scale2), a);
-        let img = img + img_mlp * per_token(i_gate2, s_img);
+        let img = fused_ops::gated_residual(img, img_mlp, i_gate2);
         let txt_mlp = self
             .txt_mlp
             .forward(modulate(txt.clone(), t_shift2, t_scale2), a);
-        let txt = txt + txt_mlp * per_token(t_gate2, s_txt);
+        let txt = fused_ops::gated_residual(txt, txt_mlp, t_gate2);
         (img, txt)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use burn::backend::Flex;
-    use burn::tensor::{Distribution, Tensor};
-
-    use super::per_token;
-
-    /// A written-out modulation gives the broadcast's bits.
-    #[test]
-    fn per_token_is_the_broadcast() {
-        let dev = Default::default();
-        let x = Tensor::<Flex, 3>::random([3, 7, 16], Distribution::Normal(0.0, 1.0), &dev);
-        let m = Tensor::<Flex, 3>::random([3, 1, 16], Distribution::Normal(0.0, 1.0), &dev);
-        let written = per_token(m.clone(), 7);
-        assert_eq!(written.dims(), [3, 7, 16]);
-        assert_eq!(
-            (x.clone() * written.clone() + written).into_data(),
-            (x * m.clone() + m).into_data()
-        );
     }
 }

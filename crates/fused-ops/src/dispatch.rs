@@ -11,7 +11,7 @@ use burn::backend::Autodiff;
 use burn::backend::flex::{Flex, FlexTensor};
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
-use burn::tensor::{Bool, DType, Tensor, TensorPrimitive};
+use burn::tensor::{DType, Tensor, TensorPrimitive};
 
 /// The autodiff primitive of `Autodiff<Flex>` (burn names its type only through the backend).
 pub(crate) type AutodiffFlexTensor = FloatTensor<Autodiff<Flex>>;
@@ -70,21 +70,6 @@ pub(crate) fn from_flex<B: Backend, const D: usize>(t: FlexTensor) -> Tensor<B, 
     let p = cast::<FlexTensor, B::FloatTensorPrimitive>(t)
         .unwrap_or_else(|_| unreachable!("the Flex route is taken only by Flex primitives"));
     Tensor::from_primitive(TensorPrimitive::Float(p))
-}
-
-/// A boolean tensor's Flex primitive, when `B` keeps its booleans as Flex tensors (Flex and
-/// `Autodiff<Flex>` do); the tensor back otherwise.
-pub(crate) fn bool_flex<B: Backend, const D: usize>(
-    m: Tensor<B, D, Bool>,
-) -> Result<FlexTensor, Tensor<B, D, Bool>> {
-    cast::<B::BoolTensorPrimitive, FlexTensor>(m.into_primitive()).map_err(Tensor::from_primitive)
-}
-
-/// A Flex boolean primitive as the caller's tensor; only for one [`bool_flex`] gave.
-pub(crate) fn bool_from_flex<B: Backend, const D: usize>(m: FlexTensor) -> Tensor<B, D, Bool> {
-    let p = cast::<FlexTensor, B::BoolTensorPrimitive>(m)
-        .unwrap_or_else(|_| unreachable!("only masks that were Flex tensors come back"));
-    Tensor::from_primitive(p)
 }
 
 /// An `Autodiff<Flex>` result as the caller's tensor; only called on that route.

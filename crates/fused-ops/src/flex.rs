@@ -7,11 +7,12 @@ use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind, unary};
 use burn::backend::flex::{Flex, FlexTensor};
 use burn::tensor::TensorData;
-use burn::tensor::ops::{ActivationOps, AttentionModuleOptions, FloatTensorOps, ModuleOps};
 
 use crate::Order;
 use crate::dispatch::AutodiffFlexTensor;
 use crate::kernels::{self, Rows, Turn};
+use crate::modulation;
+use crate::sdpa;
 
 /// `t` with a contiguous buffer that starts at its first element.
 fn contiguous(t: FlexTensor) -> FlexTensor {
@@ -253,15 +254,46 @@ pub(crate) fn relayout_autodiff(x: AutodiffFlexTensor, order: Order) -> Autodiff
         .stateless(relayout(x.primitive, order))
 }
 
-/// Scaled dot-product attention of `[batch, heads, seq, head_dim]` tensors on Flex: its own
-/// fused kernel (a score tile at a time, or flash tiles for long sequences).
+/// The shape of an attention call on `[batch, heads, seq, head_dim]` tensors.
+fn attention_shape(q: &FlexTensor, k: &FlexTensor, v: &FlexTensor) -> sdpa::Shape {
+    let (qs, ks, vs) = (q.layout().shape(), k.layout().shape(), v.layout().shape());
+    sdpa::Shape {
+        batch: qs[0],
+        heads: qs[1],
+        seq_q: qs[2],
+        seq_kv: ks[2],
+        d: qs[3],
+        dv: vs[3],
+    }
+}
+
+/// Scaled dot-product attention of `[batch, heads, seq, head_dim]` tensors on Flex, with the
+/// `[batch, seq_kv]` keys kept; returns the output and each query row's log-sum-exp.
+fn attention_with_lse(
+    q: &FlexTensor,
+    k: &FlexTensor,
+    v: &FlexTensor,
+    keep: Option<&[bool]>,
+) -> (FlexTensor, FlexTensor) {
+    let sh = attention_shape(q, k, v);
+    let mut out = vec![0f32; sh.batch * sh.heads * sh.seq_q * sh.dv];
+    let mut lse = vec![0f32; sh.batch * sh.heads * sh.seq_q];
+    sdpa::forward(&sh, slice(q), slice(k), slice(v), keep, &mut out, &mut lse);
+    (
+        from_vec(out, &[sh.batch, sh.heads, sh.seq_q, sh.dv]),
+        from_vec(lse, &[sh.batch, sh.heads, sh.seq_q]),
+    )
+}
+
+/// [`attention_with_lse`]'s output.
 pub(crate) fn attention(
     q: FlexTensor,
     k: FlexTensor,
     v: FlexTensor,
-    mask: Option<FlexTensor>,
+    keep: Option<&[bool]>,
 ) -> FlexTensor {
-    Flex::attention(q, k, v, mask, None, AttentionModuleOptions::default())
+    let [q, k, v] = [q, k, v].map(contiguous);
+    attention_with_lse(&q, &k, &v, keep).0
 }
 
 #[derive(Debug)]
@@ -272,46 +304,39 @@ struct AttentionState {
     q: FlexTensor,
     k: FlexTensor,
     v: FlexTensor,
-    mask: Option<FlexTensor>,
+    keep: Option<Vec<bool>>,
+    out: FlexTensor,
+    lse: FlexTensor,
 }
 
 impl Backward<Flex, 3> for AttentionBackward {
     type State = AttentionState;
 
-    /// Recomputes the probabilities `P = softmax(q kᵀ / sqrt(d))` (masked keys at `-inf`) and
-    /// returns `dv = Pᵀ g`, `dq = dS k / sqrt(d)`, `dk = dSᵀ q / sqrt(d)` with
-    /// `dS = P ∘ (g vᵀ − rowsum(P ∘ g vᵀ))`: five products, no score matrix kept from the
-    /// forward.
+    /// `sdpa::backward`: the probabilities recomputed a block of query rows at a time from
+    /// the forward's log-sum-exp, five products per block.
     fn backward(self, ops: Ops<AttentionState, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
         let [pq, pk, pv] = ops.parents;
-        let AttentionState { q, k, v, mask } = ops.state;
-        let g = grads.consume::<Flex>(&ops.node);
-        let d = q.layout().shape()[3];
-        let scale = 1.0 / (d as f64).sqrt();
-        let scores = Flex::float_mul_scalar(
-            Flex::float_matmul(q.clone(), Flex::float_transpose(k.clone())),
-            scale.into(),
-        );
-        let scores = match mask {
-            Some(m) => Flex::float_mask_fill(scores, m, f32::NEG_INFINITY.into()),
-            None => scores,
+        let st = ops.state;
+        let g = contiguous(grads.consume::<Flex>(&ops.node));
+        let sh = attention_shape(&st.q, &st.k, &st.v);
+        let saved = sdpa::Saved {
+            q: slice(&st.q),
+            k: slice(&st.k),
+            v: slice(&st.v),
+            keep: st.keep.as_deref(),
+            out: slice(&st.out),
+            lse: slice(&st.lse),
         };
-        let p = Flex::softmax(scores, 3);
-        if let Some(node) = pv {
-            let dv = Flex::float_matmul(Flex::float_transpose(p.clone()), g.clone());
-            grads.register::<Flex>(node.id, dv);
-        }
-        if pq.is_none() && pk.is_none() {
-            return;
-        }
-        let dp = Flex::float_matmul(g, Flex::float_transpose(v));
-        let row = Flex::float_sum_dim(Flex::float_mul(p.clone(), dp.clone()), 3);
-        let ds = Flex::float_mul_scalar(Flex::float_mul(p, Flex::float_sub(dp, row)), scale.into());
-        if let Some(node) = pq {
-            grads.register::<Flex>(node.id, Flex::float_matmul(ds.clone(), k));
-        }
-        if let Some(node) = pk {
-            grads.register::<Flex>(node.id, Flex::float_matmul(Flex::float_transpose(ds), q));
+        let [dq, dk, dv] = sdpa::backward(&sh, &saved, slice(&g));
+        let (b, h) = (sh.batch, sh.heads);
+        for (node, grad, dims) in [
+            (pq, dq, [b, h, sh.seq_q, sh.d]),
+            (pk, dk, [b, h, sh.seq_kv, sh.d]),
+            (pv, dv, [b, h, sh.seq_kv, sh.dv]),
+        ] {
+            if let Some(node) = node {
+                grads.register::<Flex>(node.id, from_vec(grad, &dims));
+            }
         }
     }
 }
@@ -320,7 +345,7 @@ pub(crate) fn attention_autodiff(
     q: AutodiffFlexTensor,
     k: AutodiffFlexTensor,
     v: AutodiffFlexTensor,
-    mask: Option<FlexTensor>,
+    keep: Option<Vec<bool>>,
 ) -> AutodiffFlexTensor {
     match AttentionBackward
         .prepare::<NoCheckpointing>([q.node.clone(), k.node.clone(), v.node.clone()])
@@ -328,19 +353,312 @@ pub(crate) fn attention_autodiff(
         .stateful()
     {
         OpsKind::Tracked(prep) => {
+            let [q, k, v] = [q.primitive, k.primitive, v.primitive].map(contiguous);
+            let (out, lse) = attention_with_lse(&q, &k, &v, keep.as_deref());
             let state = AttentionState {
-                q: q.primitive.clone(),
-                k: k.primitive.clone(),
-                v: v.primitive.clone(),
-                mask: mask.clone(),
+                q,
+                k,
+                v,
+                keep,
+                out: out.clone(),
+                lse,
             };
-            prep.finish(
-                state,
-                attention(q.primitive, k.primitive, v.primitive, mask),
-            )
+            prep.finish(state, out)
+        }
+        OpsKind::UnTracked(prep) => prep.finish(attention(
+            q.primitive,
+            k.primitive,
+            v.primitive,
+            keep.as_deref(),
+        )),
+    }
+}
+
+fn tokens_of(x: &FlexTensor) -> modulation::Tokens {
+    let s = x.layout().shape();
+    modulation::Tokens {
+        batch: s[0],
+        tokens: s[1],
+        dim: s[2],
+    }
+}
+
+/// [`modulation::layer_norm_modulated`] of contiguous tensors: the output, the means, the rstds.
+fn layer_norm_modulated_parts(
+    x: &FlexTensor,
+    shift: &FlexTensor,
+    scale: &FlexTensor,
+    eps: f32,
+) -> (FlexTensor, Vec<f32>, Vec<f32>) {
+    let sh = tokens_of(x);
+    let mut y = vec![0f32; sh.batch * sh.tokens * sh.dim];
+    let mut mean = vec![0f32; sh.batch * sh.tokens];
+    let mut rstd = vec![0f32; sh.batch * sh.tokens];
+    modulation::layer_norm_modulated(
+        sh,
+        slice(x),
+        slice(shift),
+        slice(scale),
+        eps,
+        &mut y,
+        &mut mean,
+        &mut rstd,
+    );
+    (from_vec(y, &[sh.batch, sh.tokens, sh.dim]), mean, rstd)
+}
+
+pub(crate) fn layer_norm_modulated(
+    x: FlexTensor,
+    shift: FlexTensor,
+    scale: FlexTensor,
+    eps: f32,
+) -> FlexTensor {
+    let [x, shift, scale] = [x, shift, scale].map(contiguous);
+    layer_norm_modulated_parts(&x, &shift, &scale, eps).0
+}
+
+#[derive(Debug)]
+struct LayerNormModulatedBackward;
+
+#[derive(Clone, Debug)]
+struct LayerNormModulatedState {
+    x: FlexTensor,
+    scale: FlexTensor,
+    mean: Vec<f32>,
+    rstd: Vec<f32>,
+}
+
+impl Backward<Flex, 3> for LayerNormModulatedBackward {
+    type State = LayerNormModulatedState;
+
+    fn backward(
+        self,
+        ops: Ops<LayerNormModulatedState, 3>,
+        grads: &mut Gradients,
+        _: &mut Checkpointer,
+    ) {
+        let [px, pshift, pscale] = ops.parents;
+        let st = ops.state;
+        let g = contiguous(grads.consume::<Flex>(&ops.node));
+        let sh = tokens_of(&st.x);
+        let want = |p: &Option<_>, n: usize| p.as_ref().map(|_| vec![0f32; n]);
+        let mut dx = want(&px, sh.batch * sh.tokens * sh.dim);
+        let mut dshift = want(&pshift, sh.batch * sh.dim);
+        let mut dscale = want(&pscale, sh.batch * sh.dim);
+        modulation::layer_norm_modulated_backward(
+            sh,
+            slice(&st.x),
+            slice(&st.scale),
+            &st.mean,
+            &st.rstd,
+            slice(&g),
+            modulation::LnModGrads {
+                dx: dx.as_deref_mut(),
+                dshift: dshift.as_deref_mut(),
+                dscale: dscale.as_deref_mut(),
+            },
+        );
+        let row = [sh.batch, 1, sh.dim];
+        for (node, grad, dims) in [
+            (px, dx, [sh.batch, sh.tokens, sh.dim]),
+            (pshift, dshift, row),
+            (pscale, dscale, row),
+        ] {
+            if let (Some(node), Some(grad)) = (node, grad) {
+                grads.register::<Flex>(node.id, from_vec(grad, &dims));
+            }
+        }
+    }
+}
+
+pub(crate) fn layer_norm_modulated_autodiff(
+    x: AutodiffFlexTensor,
+    shift: AutodiffFlexTensor,
+    scale: AutodiffFlexTensor,
+    eps: f32,
+) -> AutodiffFlexTensor {
+    match LayerNormModulatedBackward
+        .prepare::<NoCheckpointing>([x.node.clone(), shift.node.clone(), scale.node.clone()])
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(prep) => {
+            let [x, shift, scale] = [x.primitive, shift.primitive, scale.primitive].map(contiguous);
+            let (y, mean, rstd) = layer_norm_modulated_parts(&x, &shift, &scale, eps);
+            let state = LayerNormModulatedState {
+                x,
+                scale,
+                mean,
+                rstd,
+            };
+            prep.finish(state, y)
+        }
+        OpsKind::UnTracked(prep) => prep.finish(layer_norm_modulated(
+            x.primitive,
+            shift.primitive,
+            scale.primitive,
+            eps,
+        )),
+    }
+}
+
+pub(crate) fn gated_residual(x: FlexTensor, r: FlexTensor, gate: FlexTensor) -> FlexTensor {
+    let [x, r, gate] = [x, r, gate].map(contiguous);
+    let sh = tokens_of(&x);
+    let mut y = vec![0f32; sh.batch * sh.tokens * sh.dim];
+    modulation::gated_residual(sh, slice(&x), slice(&r), slice(&gate), &mut y);
+    from_vec(y, &[sh.batch, sh.tokens, sh.dim])
+}
+
+#[derive(Debug)]
+struct GatedResidualBackward;
+
+#[derive(Clone, Debug)]
+struct GatedResidualState {
+    /// The residual branch: kept only when the gate's gradient is wanted.
+    r: Option<FlexTensor>,
+    gate: FlexTensor,
+    tokens: modulation::Tokens,
+}
+
+impl Backward<Flex, 3> for GatedResidualBackward {
+    type State = GatedResidualState;
+
+    fn backward(
+        self,
+        ops: Ops<GatedResidualState, 3>,
+        grads: &mut Gradients,
+        _: &mut Checkpointer,
+    ) {
+        let [px, pr, pgate] = ops.parents;
+        let st = ops.state;
+        let sh = st.tokens;
+        let g = contiguous(grads.consume::<Flex>(&ops.node));
+        let mut dr = pr
+            .as_ref()
+            .map(|_| vec![0f32; sh.batch * sh.tokens * sh.dim]);
+        let mut dgate = pgate.as_ref().map(|_| vec![0f32; sh.batch * sh.dim]);
+        if dr.is_some() || dgate.is_some() {
+            let r = st.r.as_ref().map(slice);
+            // Without the gate's gradient `r` is not kept and not read: any buffer of its
+            // length stands in.
+            let r = r.unwrap_or(slice(&g));
+            modulation::gated_residual_backward(
+                sh,
+                r,
+                slice(&st.gate),
+                slice(&g),
+                dr.as_deref_mut(),
+                dgate.as_deref_mut(),
+            );
+        }
+        if let (Some(node), Some(dr)) = (pr, dr) {
+            grads.register::<Flex>(node.id, from_vec(dr, &[sh.batch, sh.tokens, sh.dim]));
+        }
+        if let (Some(node), Some(dg)) = (pgate, dgate) {
+            grads.register::<Flex>(node.id, from_vec(dg, &[sh.batch, 1, sh.dim]));
+        }
+        if let Some(node) = px {
+            grads.register::<Flex>(node.id, g);
+        }
+    }
+}
+
+pub(crate) fn gated_residual_autodiff(
+    x: AutodiffFlexTensor,
+    r: AutodiffFlexTensor,
+    gate: AutodiffFlexTensor,
+) -> AutodiffFlexTensor {
+    let gate_tracked = !gate.node.requirement.is_none();
+    match GatedResidualBackward
+        .prepare::<NoCheckpointing>([x.node.clone(), r.node.clone(), gate.node.clone()])
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(prep) => {
+            let [x, r, gate] = [x.primitive, r.primitive, gate.primitive].map(contiguous);
+            let tokens = tokens_of(&x);
+            let state = GatedResidualState {
+                r: gate_tracked.then(|| r.clone()),
+                gate: gate.clone(),
+                tokens,
+            };
+            prep.finish(state, gated_residual(x, r, gate))
         }
         OpsKind::UnTracked(prep) => {
-            prep.finish(attention(q.primitive, k.primitive, v.primitive, mask))
+            prep.finish(gated_residual(x.primitive, r.primitive, gate.primitive))
         }
+    }
+}
+
+/// [`modulation::rms_norm`] of contiguous tensors: the output and the rows' rstds.
+fn rms_norm_parts(x: &FlexTensor, w: &FlexTensor, eps: f32) -> (FlexTensor, Vec<f32>) {
+    let dims = x.layout().shape().to_vec();
+    let xs = slice(x);
+    let mut y = vec![0f32; xs.len()];
+    let mut rstd = vec![0f32; xs.len() / dims[dims.len() - 1].max(1)];
+    modulation::rms_norm(xs, slice(w), eps, &mut y, &mut rstd);
+    (from_vec(y, &dims), rstd)
+}
+
+pub(crate) fn rms_norm(x: FlexTensor, w: FlexTensor, eps: f32) -> FlexTensor {
+    let [x, w] = [x, w].map(contiguous);
+    rms_norm_parts(&x, &w, eps).0
+}
+
+#[derive(Debug)]
+struct RmsNormBackward;
+
+#[derive(Clone, Debug)]
+struct RmsNormState {
+    x: FlexTensor,
+    w: FlexTensor,
+    rstd: Vec<f32>,
+}
+
+impl Backward<Flex, 2> for RmsNormBackward {
+    type State = RmsNormState;
+
+    fn backward(self, ops: Ops<RmsNormState, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [px, pw] = ops.parents;
+        let st = ops.state;
+        let g = contiguous(grads.consume::<Flex>(&ops.node));
+        let xs = slice(&st.x);
+        let dim = st.w.layout().shape()[0];
+        let mut dx = px.as_ref().map(|_| vec![0f32; xs.len()]);
+        let mut dw = pw.as_ref().map(|_| vec![0f32; dim]);
+        modulation::rms_norm_backward(
+            xs,
+            slice(&st.w),
+            &st.rstd,
+            slice(&g),
+            dx.as_deref_mut(),
+            dw.as_deref_mut(),
+        );
+        if let (Some(node), Some(dx)) = (px, dx) {
+            grads.register::<Flex>(node.id, from_vec(dx, st.x.layout().shape()));
+        }
+        if let (Some(node), Some(dw)) = (pw, dw) {
+            grads.register::<Flex>(node.id, from_vec(dw, &[dim]));
+        }
+    }
+}
+
+pub(crate) fn rms_norm_autodiff(
+    x: AutodiffFlexTensor,
+    w: AutodiffFlexTensor,
+    eps: f32,
+) -> AutodiffFlexTensor {
+    match RmsNormBackward
+        .prepare::<NoCheckpointing>([x.node.clone(), w.node.clone()])
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(prep) => {
+            let [x, w] = [x.primitive, w.primitive].map(contiguous);
+            let (y, rstd) = rms_norm_parts(&x, &w, eps);
+            prep.finish(RmsNormState { x, w, rstd }, y)
+        }
+        OpsKind::UnTracked(prep) => prep.finish(rms_norm(x.primitive, w.primitive, eps)),
     }
 }

@@ -21,7 +21,7 @@ const C1: f32 =
 /// `[-87, 88]`, where `2^n` is a normal float: `exp` of anything below is about `1.6e-38`
 /// instead of a smaller number or zero, of anything above about `1.65e38` instead of infinity.
 #[inline(always)]
-fn exp(x: f32) -> f32 {
+pub(crate) fn exp(x: f32) -> f32 {
     const LOG2E: f32 = core::f32::consts::LOG2_E;
     // ln 2 split in two, the first with few mantissa bits so that n * LN2_HI is exact.
     const LN2_HI: f32 = 0.693_359_4;
@@ -70,6 +70,7 @@ fn gelu_grad_one(x: f32, g: f32) -> f32 {
 macro_rules! simd_dispatch {
     ($(#[$doc:meta])* $name:ident, $avx2:ident, ($($arg:ident: $ty:ty),*), $body:expr) => {
         $(#[$doc])*
+        #[allow(clippy::too_many_arguments)]
         pub(crate) fn $name($($arg: $ty),*) {
             #[cfg(target_arch = "x86_64")]
             if std::is_x86_feature_detected!("avx2") {
@@ -81,11 +82,13 @@ macro_rules! simd_dispatch {
 
         #[cfg(target_arch = "x86_64")]
         #[target_feature(enable = "avx2")]
+        #[allow(clippy::too_many_arguments)]
         unsafe fn $avx2($($arg: $ty),*) {
             $body
         }
     };
 }
+pub(crate) use simd_dispatch;
 
 simd_dispatch!(
     /// `y = gelu_tanh(x)`, one thread.

@@ -7,7 +7,8 @@
 //! * a **single-pass kernel** for burn's Flex CPU backend, forward and backward, used when the
 //!   tensor is a `f32` Flex tensor or an `f32` `Autodiff<Flex>` tensor.
 //!
-//! The public functions ([`gelu_tanh`], [`rope`], [`relayout`], [`attention`]) pick the kernel when the tensor's primitive is
+//! The public functions ([`gelu_tanh`], [`rope`], [`relayout`], [`attention`],
+//! [`layer_norm_modulated`], [`gated_residual`], [`rms_norm`]) pick the kernel when the tensor's primitive is
 //! one of those types and the generic composition otherwise; the choice is made from the
 //! primitive's concrete type at run time (`core::any::Any`), so callers stay generic over
 //! `B: Backend` and no trait bound spreads through the crates above. The parity tests
@@ -23,7 +24,9 @@
 mod dispatch;
 mod flex;
 mod kernels;
+mod modulation;
 pub mod reference;
+mod sdpa;
 
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::AttentionModuleOptions;
@@ -105,41 +108,159 @@ pub fn relayout<B: Backend>(x: Tensor<B, 4>, order: Order) -> Tensor<B, 4> {
 }
 
 /// Scaled dot-product attention `softmax(q kᵀ / sqrt(head_dim)) v` of `[batch, heads, seq,
-/// head_dim]` tensors; `mask` (broadcastable to `[batch, heads, seq_q, seq_kv]`) is `true`
-/// where a key is masked out, burn's convention. Every query row must keep at least one key.
+/// head_dim]` tensors. `key_mask` is `[batch, seq_kv]`, `true` for a key every query of that
+/// batch row attends to (the Hugging Face convention), `false` for one masked out; `None`
+/// attends to every key. Every query row must keep at least one key (the Flex kernels give
+/// such a row zeros, burn's op NaN).
 ///
-/// On Flex the backend's own fused attention. Under `Autodiff<Flex>` the same forward, and a
-/// backward that recomputes the probabilities and takes five matrix products, where burn's
-/// autodiff would record its reference decomposition op by op (a scalar `exp` per score, the
-/// score matrix kept for backward). Elsewhere `burn::tensor::module::attention`.
+/// On Flex (`f32`, forward and under `Autodiff<Flex>`) the kernels of `sdpa.rs`: a block
+/// of query rows at a time, the scores in cache, a vectorised softmax, the log-sum-exp kept
+/// for a backward that recomputes the probabilities (five products per block, nothing of
+/// size `seq × seq` kept); the key mask stays a `[batch, seq_kv]` vector. Elsewhere
+/// `burn::tensor::module::attention` with the mask broadcast to `[batch, heads, seq_q,
+/// seq_kv]`.
+///
+/// # Panics
+/// If the shapes disagree: q `[b, h, s_q, d]`, k `[b, h, s_kv, d]`, v `[b, h, s_kv, d_v]`,
+/// the mask `[b, s_kv]`.
 pub fn attention<B: Backend>(
     q: Tensor<B, 4>,
     k: Tensor<B, 4>,
     v: Tensor<B, 4>,
-    mask: Option<Tensor<B, 4, Bool>>,
+    key_mask: Option<Tensor<B, 2, Bool>>,
 ) -> Tensor<B, 4> {
-    let generic = |q, k, v, mask| {
+    let [b, h, sq, d] = q.dims();
+    let [kb, kh, skv, kd] = k.dims();
+    let [vb, vh, vs, _] = v.dims();
+    assert!(
+        [kb, kh, kd] == [b, h, d] && [vb, vh, vs] == [b, h, skv],
+        "attention: q {:?}, k {:?} and v {:?} must be [b, h, s_q, d], [b, h, s_kv, d], [b, h, s_kv, d_v]",
+        q.dims(),
+        k.dims(),
+        v.dims()
+    );
+    if let Some(m) = &key_mask {
+        assert_eq!(
+            m.dims(),
+            [b, skv],
+            "attention: the key mask must be [batch, seq_kv] = [{b}, {skv}]"
+        );
+    }
+    let generic = |q: Tensor<B, 4>, k, v, key_mask: Option<Tensor<B, 2, Bool>>| {
+        // burn's convention: `true` masks a key out.
+        let mask = key_mask.map(|m| m.bool_not().reshape([b, 1, 1, skv]).expand([b, h, sq, skv]));
         burn::tensor::module::attention(q, k, v, mask, None, AttentionModuleOptions::default())
     };
-    let mask = match mask.map(dispatch::bool_flex) {
-        None => None,
-        Some(Ok(m)) => Some(m),
-        Some(Err(m)) => return generic(q, k, v, Some(m)),
-    };
-    let rebuild =
-        |m: Option<burn::backend::flex::FlexTensor>| m.map(|m| dispatch::bool_from_flex::<B, 4>(m));
     match (Route::of(q), Route::of(k), Route::of(v)) {
         (Route::Flex(q), Route::Flex(k), Route::Flex(v)) => {
-            dispatch::from_flex(flex::attention(q, k, v, mask))
+            let keep = key_mask.map(keep_vector);
+            dispatch::from_flex(flex::attention(q, k, v, keep.as_deref()))
         }
         (Route::AutodiffFlex(q), Route::AutodiffFlex(k), Route::AutodiffFlex(v)) => {
-            dispatch::from_autodiff_flex(flex::attention_autodiff(q, k, v, mask))
+            let keep = key_mask.map(keep_vector);
+            dispatch::from_autodiff_flex(flex::attention_autodiff(q, k, v, keep))
         }
-        (q, k, v) => generic(
-            q.into_tensor(),
-            k.into_tensor(),
-            v.into_tensor(),
-            rebuild(mask),
+        (q, k, v) => generic(q.into_tensor(), k.into_tensor(), v.into_tensor(), key_mask),
+    }
+}
+
+/// A `[batch, seq_kv]` key mask as a vector, row-major.
+fn keep_vector<B: Backend>(m: Tensor<B, 2, Bool>) -> Vec<bool> {
+    m.into_data()
+        .into_vec::<bool>()
+        .expect("a boolean tensor reads as booleans")
+}
+
+/// Whether `m` is one `[batch, 1, dim]` modulation row per batch row of `x: [batch, tokens,
+/// dim]`.
+fn is_row_of(m: &Tensor<impl Backend, 3>, [b, _, d]: [usize; 3]) -> bool {
+    m.dims() == [b, 1, d]
+}
+
+/// The adaptive layer norm of diffusion transformers: `layer_norm(x) * (1 + scale) + shift`
+/// for `x: [batch, tokens, dim]`, the layer norm without affine parameters over `dim`
+/// (`(x - mean) / sqrt(var + eps)`, biased variance), `shift` and `scale` broadcastable to
+/// `x` (one `[batch, 1, dim]` row per batch row in the transformer).
+///
+/// On Flex (`f32`, rows `[batch, 1, dim]`) one pass forward that keeps each token's mean and
+/// `1 / sqrt(var + eps)`, and one backward (the gradients of `x`, `shift` and `scale`, as
+/// tracked); elsewhere [`reference::layer_norm_modulated`]. The two agree to float rounding.
+pub fn layer_norm_modulated<B: Backend>(
+    x: Tensor<B, 3>,
+    shift: Tensor<B, 3>,
+    scale: Tensor<B, 3>,
+    eps: f64,
+) -> Tensor<B, 3> {
+    if !(is_row_of(&shift, x.dims()) && is_row_of(&scale, x.dims())) {
+        return reference::layer_norm_modulated(x, shift, scale, eps);
+    }
+    let eps = eps as f32;
+    match (Route::of(x), Route::of(shift), Route::of(scale)) {
+        (Route::Flex(x), Route::Flex(sh), Route::Flex(sc)) => {
+            dispatch::from_flex(flex::layer_norm_modulated(x, sh, sc, eps))
+        }
+        (Route::AutodiffFlex(x), Route::AutodiffFlex(sh), Route::AutodiffFlex(sc)) => {
+            dispatch::from_autodiff_flex(flex::layer_norm_modulated_autodiff(x, sh, sc, eps))
+        }
+        (x, sh, sc) => reference::layer_norm_modulated(
+            x.into_tensor(),
+            sh.into_tensor(),
+            sc.into_tensor(),
+            eps as f64,
         ),
+    }
+}
+
+/// The gated residual of diffusion transformers: `x + r * gate` for `x`, `r: [batch, tokens,
+/// dim]` and `gate` broadcastable to them (one `[batch, 1, dim]` row per batch row in the
+/// transformer).
+///
+/// On Flex (`f32`, a `[batch, 1, dim]` gate) one pass forward and one backward; elsewhere the
+/// composition [`reference::gated_residual`]. The two give the same bits forward.
+pub fn gated_residual<B: Backend>(
+    x: Tensor<B, 3>,
+    r: Tensor<B, 3>,
+    gate: Tensor<B, 3>,
+) -> Tensor<B, 3> {
+    if !(is_row_of(&gate, x.dims()) && r.dims() == x.dims()) {
+        return reference::gated_residual(x, r, gate);
+    }
+    match (Route::of(x), Route::of(r), Route::of(gate)) {
+        (Route::Flex(x), Route::Flex(r), Route::Flex(g)) => {
+            dispatch::from_flex(flex::gated_residual(x, r, g))
+        }
+        (Route::AutodiffFlex(x), Route::AutodiffFlex(r), Route::AutodiffFlex(g)) => {
+            dispatch::from_autodiff_flex(flex::gated_residual_autodiff(x, r, g))
+        }
+        (x, r, g) => reference::gated_residual(x.into_tensor(), r.into_tensor(), g.into_tensor()),
+    }
+}
+
+/// RMS norm with a learned per-channel weight over the last axis (diffusers `RMSNorm`,
+/// `elementwise_affine=True`): `x / sqrt(mean(x^2) + eps) * weight`, `weight: [dim]`.
+///
+/// On Flex (`f32`) one pass forward that keeps each row's `1 / sqrt(mean(x^2) + eps)`, and one
+/// backward (the gradients of `x` and `weight`, as tracked); elsewhere
+/// [`reference::rms_norm`]. The two agree to float rounding.
+///
+/// # Panics
+/// If `weight` is not `[dim]` of `x`'s last axis.
+pub fn rms_norm<B: Backend, const D: usize>(
+    x: Tensor<B, D>,
+    weight: Tensor<B, 1>,
+    eps: f64,
+) -> Tensor<B, D> {
+    let dim = x.dims()[D - 1];
+    assert_eq!(
+        weight.dims(),
+        [dim],
+        "rms_norm: the weight must be [dim] = [{dim}] of the input's last axis"
+    );
+    match (Route::of(x), Route::of(weight)) {
+        (Route::Flex(x), Route::Flex(w)) => dispatch::from_flex(flex::rms_norm(x, w, eps as f32)),
+        (Route::AutodiffFlex(x), Route::AutodiffFlex(w)) => {
+            dispatch::from_autodiff_flex(flex::rms_norm_autodiff(x, w, eps as f32))
+        }
+        (x, w) => reference::rms_norm(x.into_tensor(), w.into_tensor(), eps),
     }
 }

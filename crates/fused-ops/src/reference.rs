@@ -28,3 +28,36 @@ pub fn rope<B: Backend>(x: Tensor<B, 4>, cos: Tensor<B, 2>, sin: Tensor<B, 2>) -
         .reshape([b, s, h, d]);
     x * cos + swapped * sin
 }
+
+/// `layer_norm(x) * (1 + scale) + shift` over the last axis of `x: [batch, tokens, dim]`
+/// (no affine parameters, biased variance), `shift` and `scale` broadcast to `x`.
+pub fn layer_norm_modulated<B: Backend>(
+    x: Tensor<B, 3>,
+    shift: Tensor<B, 3>,
+    scale: Tensor<B, 3>,
+    eps: f64,
+) -> Tensor<B, 3> {
+    let mean = x.clone().mean_dim(2);
+    let xc = x - mean;
+    let var = xc.clone().square().mean_dim(2);
+    xc * var.add_scalar(eps).sqrt().recip() * (scale + 1.0) + shift
+}
+
+/// `x + r * gate`, `gate` broadcast to `r`.
+pub fn gated_residual<B: Backend>(
+    x: Tensor<B, 3>,
+    r: Tensor<B, 3>,
+    gate: Tensor<B, 3>,
+) -> Tensor<B, 3> {
+    x + r * gate
+}
+
+/// `x / sqrt(mean(x^2) + eps) * weight` over the last axis.
+pub fn rms_norm<B: Backend, const D: usize>(
+    x: Tensor<B, D>,
+    weight: Tensor<B, 1>,
+    eps: f64,
+) -> Tensor<B, D> {
+    let var = x.clone().square().mean_dim(D - 1);
+    x * var.add_scalar(eps).sqrt().recip() * weight.unsqueeze::<D>()
+}

@@ -6,7 +6,10 @@ use burn::tensor::Bool;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Distribution, Tensor, TensorData};
-use fused_ops::{Order, attention, gelu_tanh, reference, relayout, rope};
+use fused_ops::{
+    Order, attention, gated_residual, gelu_tanh, layer_norm_modulated, reference, relayout,
+    rms_norm, rope,
+};
 use proptest::prelude::*;
 
 type Ad = Autodiff<Flex>;
@@ -216,52 +219,72 @@ fn a_relayout_keeps_values_and_gradients() {
     assert_eq!(tm.into_data(), hm.into_data());
 }
 
-/// A key mask `[batch, heads, seq, seq]` that masks the last `pad[b]` keys of row `b`.
-fn key_mask<B: Backend>(b: usize, h: usize, s: usize, pad: &[usize]) -> Tensor<B, 4, Bool> {
-    let v: Vec<bool> = (0..b * h * s * s)
-        .map(|i| (i % s) >= s - pad[i / (h * s * s)])
-        .collect();
-    Tensor::from_data(TensorData::new(v, [b, h, s, s]), &Default::default())
+/// A `[batch, seq]` key mask (`true` = attend) that masks the last `pad[b]` keys of row `b`.
+fn key_mask<B: Backend>(s: usize, pad: &[usize]) -> Tensor<B, 2, Bool> {
+    let b = pad.len();
+    let v: Vec<bool> = (0..b * s).map(|i| (i % s) < s - pad[i / s]).collect();
+    Tensor::from_data(TensorData::new(v, [b, s]), &Default::default())
 }
 
-/// The fused attention against burn's own under autodiff (its reference decomposition):
-/// values and the gradients of q, k and v, with and without a key mask, on heads-major views.
+/// burn's own attention (its reference decomposition under autodiff) with the key mask
+/// broadcast to `[batch, heads, seq_q, seq_kv]` in burn's convention.
+fn burns_attention<B: Backend>(
+    q: Tensor<B, 4>,
+    k: Tensor<B, 4>,
+    v: Tensor<B, 4>,
+    keep: Option<Tensor<B, 2, Bool>>,
+) -> Tensor<B, 4> {
+    let [b, h, sq, _] = q.dims();
+    let skv = k.dims()[2];
+    let mask = keep.map(|m| m.bool_not().reshape([b, 1, 1, skv]).expand([b, h, sq, skv]));
+    burn::tensor::module::attention(q, k, v, mask, None, AttentionModuleOptions::default())
+}
+
+/// The fused attention against burn's own under autodiff: values and the gradients of q, k
+/// and v, with and without a key mask, on heads-major views (as the transformer calls it),
+/// for self-attention in one block of query rows, self-attention over several blocks (300
+/// keys: blocks of 109 rows), and cross-attention with a value width of its own.
 #[test]
 fn attention_and_its_gradients_match_burns() {
-    let (b, h, s, d) = (2, 3, 13, 8);
-    let w = random::<Ad, 4>([b, h, s, d], 1.0);
-    let [q0, k0, v0] = [0, 1, 2].map(|_| random::<Ad, 4>([b, s, h, d], 1.0).swap_dims(1, 2));
-    for masked in [false, true] {
-        let mask = masked.then(|| key_mask::<Ad>(b, h, s, &[3, 0]));
-        let run = |fused: bool| {
-            let [q, k, v] = [&q0, &k0, &v0].map(|t| t.clone().require_grad());
-            let y = if fused {
-                attention(q.clone(), k.clone(), v.clone(), mask.clone())
-            } else {
-                burn::tensor::module::attention(
-                    q.clone(),
-                    k.clone(),
-                    v.clone(),
-                    mask.clone(),
-                    None,
-                    AttentionModuleOptions::default(),
-                )
+    for (b, h, sq, skv, d, dv, pad) in [
+        (2, 3, 13, 13, 8, 8, vec![3, 0]),
+        (1, 2, 300, 300, 16, 16, vec![41]),
+        (2, 2, 7, 19, 8, 12, vec![0, 18]),
+    ] {
+        let w = random::<Ad, 4>([b, h, sq, dv], 1.0);
+        let heads_major = |s, d| random::<Ad, 4>([b, s, h, d], 1.0).swap_dims(1, 2);
+        let (q0, k0, v0) = (
+            heads_major(sq, d),
+            heads_major(skv, d),
+            heads_major(skv, dv),
+        );
+        for masked in [false, true] {
+            let mask = masked.then(|| key_mask::<Ad>(skv, &pad));
+            let run = |fused: bool| {
+                let [q, k, v] = [&q0, &k0, &v0].map(|t| t.clone().require_grad());
+                let y = if fused {
+                    attention(q.clone(), k.clone(), v.clone(), mask.clone())
+                } else {
+                    burns_attention(q.clone(), k.clone(), v.clone(), mask.clone())
+                };
+                let g = (y.clone() * w.clone()).sum().backward();
+                let grads = [&q, &k, &v].map(|t| t.grad(&g).expect("a gradient"));
+                (y.inner(), grads)
             };
-            let g = (y.clone() * w.clone()).sum().backward();
-            let grads = [&q, &k, &v].map(|t| t.grad(&g).expect("a gradient"));
-            (y.inner(), grads)
-        };
-        let ((yf, gf), (yr, gr)) = (run(true), run(false));
-        let e = worst_rel(yf, yr);
-        assert!(e < 1e-6, "masked {masked}: values {e:.3e}");
-        for (name, (a, b)) in ["q", "k", "v"].iter().zip(gf.into_iter().zip(gr)) {
-            let e = worst_rel(a, b);
-            assert!(e < 1e-5, "masked {masked}: gradient of {name} {e:.3e}");
+            let ((yf, gf), (yr, gr)) = (run(true), run(false));
+            let at = format!("[{b}, {h}, {sq}, {skv}, {d}, {dv}] masked {masked}");
+            let e = worst_rel(yf, yr);
+            assert!(e < 1e-6, "{at}: values {e:.3e}");
+            for (name, (a, b)) in ["q", "k", "v"].iter().zip(gf.into_iter().zip(gr)) {
+                let e = worst_rel(a, b);
+                assert!(e < 1e-5, "{at}: gradient of {name} {e:.3e}");
+            }
         }
     }
-    // untracked and on the plain backend: the forward alone
+    // untracked and on the plain backend: the forward alone, against the composition
+    let (b, h, s, d) = (2, 3, 13, 8);
     let x = random::<Flex, 4>([b, h, s, d], 1.0);
-    let m = key_mask::<Flex>(b, h, s, &[1, 2]);
+    let m = key_mask::<Flex>(s, &[1, 2]);
     let e = worst_rel(
         attention(x.clone(), x.clone(), x.clone(), Some(m.clone())),
         reference_attention(x, m),
@@ -269,14 +292,196 @@ fn attention_and_its_gradients_match_burns() {
     assert!(e < 1e-6, "Flex forward {e:.3e}");
 }
 
-fn reference_attention(x: Tensor<Flex, 4>, m: Tensor<Flex, 4, Bool>) -> Tensor<Flex, 4> {
-    let d = x.dims()[3] as f64;
-    let s = x
+/// Another backend takes burn's attention with the mask broadcast: the same numbers.
+#[test]
+fn attention_elsewhere_is_burns_with_the_mask_broadcast() {
+    let (b, h, s, d) = (2, 2, 11, 8);
+    let x = random::<Flex, 4>([b, h, s, d], 1.0);
+    let m = key_mask::<Flex>(s, &[4, 0]);
+    let nd =
+        |t: Tensor<Flex, 4>| Tensor::<NdArray, 4>::from_data(t.into_data(), &Default::default());
+    let mn = key_mask::<NdArray>(s, &[4, 0]);
+    let y = attention(nd(x.clone()), nd(x.clone()), nd(x.clone()), Some(mn));
+    let want = attention(x.clone(), x.clone(), x, Some(m));
+    let e = worst_rel(
+        Tensor::<Flex, 4>::from_data(y.into_data(), &Default::default()),
+        want,
+    );
+    assert!(e < 1e-6, "NdArray against Flex {e:.3e}");
+}
+
+#[test]
+#[should_panic(expected = "attention: the key mask must be [batch, seq_kv] = [2, 5]")]
+fn a_key_mask_of_the_wrong_shape_is_refused() {
+    let x = random::<Flex, 4>([2, 1, 5, 4], 1.0);
+    attention(x.clone(), x.clone(), x, Some(key_mask::<Flex>(4, &[0, 1])));
+}
+
+fn reference_attention(x: Tensor<Flex, 4>, keep: Tensor<Flex, 2, Bool>) -> Tensor<Flex, 4> {
+    let [b, h, s, d] = x.dims();
+    let m = keep.bool_not().reshape([b, 1, 1, s]).expand([b, h, s, s]);
+    let scores = x
         .clone()
         .matmul(x.clone().swap_dims(2, 3))
-        .div_scalar(d.sqrt());
-    let p = burn::tensor::activation::softmax(s.mask_fill(m, f32::NEG_INFINITY), 3);
+        .div_scalar((d as f64).sqrt());
+    let p = burn::tensor::activation::softmax(scores.mask_fill(m, f32::NEG_INFINITY), 3);
     p.matmul(x)
+}
+
+/// The adaptive layer norm against its composition: values, and the gradients of x, shift
+/// and scale, on strided modulation rows (chunks of one `[batch, 1, 3 dim]` tensor, as the
+/// transformer slices them), with and without the rows tracked; one shape large enough to
+/// split over threads.
+#[test]
+fn the_modulated_layer_norm_and_its_gradients_match_the_composition() {
+    for (b, t, d, rows_tracked) in [(3, 7, 24, true), (2, 5, 19, false), (4, 300, 256, true)] {
+        let x0 = random::<Ad, 3>([b, t, d], 2.0).add_scalar(0.5);
+        let m0 = random::<Ad, 3>([b, 1, 3 * d], 0.5);
+        let w = random::<Ad, 3>([b, t, d], 1.0);
+        let run = |fused: bool| {
+            let x = x0.clone().require_grad();
+            let m = if rows_tracked {
+                m0.clone().require_grad()
+            } else {
+                m0.clone()
+            };
+            let [shift, scale, _]: [Tensor<Ad, 3>; 3] = m.clone().chunk(3, 2).try_into().unwrap();
+            let y = if fused {
+                layer_norm_modulated(x.clone(), shift, scale, 1e-6)
+            } else {
+                reference::layer_norm_modulated(x.clone(), shift, scale, 1e-6)
+            };
+            let g = (y.clone() * w.clone()).sum().backward();
+            let gm = rows_tracked.then(|| m.grad(&g).expect("the rows' gradient"));
+            (y.inner(), x.grad(&g).expect("x's gradient"), gm)
+        };
+        let ((yf, gxf, gmf), (yr, gxr, gmr)) = (run(true), run(false));
+        let at = format!("[{b}, {t}, {d}]");
+        let e = worst_rel(yf, yr);
+        assert!(e < 2e-6, "{at}: values {e:.3e}");
+        let e = worst_rel(gxf, gxr);
+        assert!(e < 2e-5, "{at}: gradient of x {e:.3e}");
+        if let (Some(a), Some(r)) = (gmf, gmr) {
+            let e = worst_rel(a, r);
+            assert!(e < 2e-5, "{at}: gradient of shift and scale {e:.3e}");
+        }
+    }
+}
+
+/// The gated residual against `x + r * gate`: the same bits forward, the gradients of x, r and
+/// the gate (strided, from a chunk) within float rounding.
+#[test]
+fn the_gated_residual_and_its_gradients_match_the_composition() {
+    for (b, t, d) in [(3, 7, 24), (4, 300, 256)] {
+        let (x0, r0) = (
+            random::<Ad, 3>([b, t, d], 1.0),
+            random::<Ad, 3>([b, t, d], 1.0),
+        );
+        let m0 = random::<Ad, 3>([b, 1, 2 * d], 1.0);
+        let w = random::<Ad, 3>([b, t, d], 1.0);
+        let run = |fused: bool| {
+            let (x, r, m) = (
+                x0.clone().require_grad(),
+                r0.clone().require_grad(),
+                m0.clone().require_grad(),
+            );
+            let gate = m.clone().narrow(2, d, d);
+            let y = if fused {
+                gated_residual(x.clone(), r.clone(), gate)
+            } else {
+                reference::gated_residual(x.clone(), r.clone(), gate)
+            };
+            let g = (y.clone() * w.clone()).sum().backward();
+            let grads = [x.grad(&g), r.grad(&g), m.grad(&g)].map(|t| t.expect("a gradient"));
+            (y.inner(), grads)
+        };
+        let ((yf, gf), (yr, gr)) = (run(true), run(false));
+        assert_eq!(yf.into_data(), yr.into_data(), "[{b}, {t}, {d}]: values");
+        for (name, (a, r)) in ["x", "r", "gate"].iter().zip(gf.into_iter().zip(gr)) {
+            let e = worst_rel(a, r);
+            assert!(e < 1e-5, "[{b}, {t}, {d}]: gradient of {name} {e:.3e}");
+        }
+    }
+}
+
+/// The RMS norm against its composition: values and the gradients of x and the weight, on a
+/// strided input (a heads view of a projection, as the transformer calls it), with the weight
+/// tracked and frozen; one shape large enough to split over threads.
+#[test]
+fn the_rms_norm_and_its_gradients_match_the_composition() {
+    for (b, s, h, d, weight_tracked) in [
+        (2, 7, 3, 16, true),
+        (3, 5, 2, 12, false),
+        (4, 300, 4, 64, true),
+    ] {
+        let x0 = random::<Ad, 4>([b, h, s, d], 1.5).swap_dims(1, 2);
+        let w0 = random::<Ad, 1>([d], 1.0).add_scalar(1.0);
+        let out = random::<Ad, 4>([b, s, h, d], 1.0);
+        let run = |fused: bool| {
+            let x = x0.clone().require_grad();
+            let w = if weight_tracked {
+                w0.clone().require_grad()
+            } else {
+                w0.clone()
+            };
+            let y = if fused {
+                rms_norm(x.clone(), w.clone(), 1e-6)
+            } else {
+                reference::rms_norm(x.clone(), w.clone(), 1e-6)
+            };
+            let g = (y.clone() * out.clone()).sum().backward();
+            let gw = weight_tracked.then(|| w.grad(&g).expect("the weight's gradient"));
+            (y.inner(), x.grad(&g).expect("x's gradient"), gw)
+        };
+        let ((yf, gxf, gwf), (yr, gxr, gwr)) = (run(true), run(false));
+        let at = format!("[{b}, {s}, {h}, {d}]");
+        let e = worst_rel(yf, yr);
+        assert!(e < 2e-6, "{at}: values {e:.3e}");
+        let e = worst_rel(gxf, gxr);
+        assert!(e < 2e-5, "{at}: gradient of x {e:.3e}");
+        if let (Some(a), Some(r)) = (gwf, gwr) {
+            // a sum over b * s * h rows: held to the f64 sum, where the composition's own
+            // f32 sum may be further off than the kernel's
+            let exact = rms_weight_grad_f64(x0.clone().inner(), out.clone().inner());
+            let (ea, er) = (worst_rel(a, exact.clone()), worst_rel(r, exact));
+            assert!(
+                ea < 1e-5,
+                "{at}: gradient of the weight {ea:.3e} (composition {er:.3e})"
+            );
+        }
+    }
+}
+
+/// `dw[c] = sum over rows of g[c] x[c] / sqrt(mean(x^2) + 1e-6)`, in f64.
+fn rms_weight_grad_f64(x: Tensor<Flex, 4>, g: Tensor<Flex, 4>) -> Tensor<Flex, 1> {
+    let d = x.dims()[3];
+    let x = x.into_data().into_vec::<f32>().unwrap();
+    let g = g.into_data().into_vec::<f32>().unwrap();
+    let mut dw = vec![0f64; d];
+    for (x, g) in x.chunks(d).zip(g.chunks(d)) {
+        let ms = x.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / d as f64;
+        let rs = 1.0 / (ms + 1e-6).sqrt();
+        for c in 0..d {
+            dw[c] += g[c] as f64 * x[c] as f64 * rs;
+        }
+    }
+    let dw: Vec<f32> = dw.into_iter().map(|v| v as f32).collect();
+    Tensor::from_data(TensorData::new(dw, [d]), &Default::default())
+}
+
+/// A modulation that is not one row per batch row takes the composition.
+#[test]
+fn a_per_token_modulation_takes_the_composition() {
+    let x = random::<Flex, 3>([2, 5, 8], 1.0);
+    let m = random::<Flex, 3>([2, 5, 8], 1.0);
+    assert_eq!(
+        layer_norm_modulated(x.clone(), m.clone(), m.clone(), 1e-6).into_data(),
+        reference::layer_norm_modulated(x.clone(), m.clone(), m.clone(), 1e-6).into_data()
+    );
+    assert_eq!(
+        gated_residual(x.clone(), x.clone(), m.clone()).into_data(),
+        reference::gated_residual(x.clone(), x, m).into_data()
+    );
 }
 
 #[test]
