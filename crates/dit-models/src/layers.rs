@@ -99,17 +99,26 @@ impl<B: Backend> LoraAdapter<B> {
 
 impl<B: Backend> Linear<B> {
     /// `x: [..., d_in]` to `[..., d_out]`, with or without the adapter.
+    ///
+    /// [`fused_ops::linear`]: on the CPU backend the bias and the adapter's term accumulate
+    /// into the product's output, and the backward computes only the tracked gradients.
     pub fn forward<const D: usize>(&self, x: Tensor<B, D>, adapters: Adapters) -> Tensor<B, D> {
-        let base = linear(
-            x.clone(),
+        let term = |l: &LoraAdapter<B>, scale: f64| fused_ops::LoraTerm {
+            a: l.lora_a.val(),
+            b: l.lora_b.val(),
+            scale,
+        };
+        let lora = match (&self.lora, adapters) {
+            (Some(l), Adapters::Enabled) if !l.merged => Some(term(l, l.scale)),
+            (Some(l), Adapters::Disabled) if l.merged => Some(term(l, -l.scale)),
+            _ => None,
+        };
+        fused_ops::linear(
+            x,
             self.weight.val(),
             self.bias.as_ref().map(|b| b.val()),
-        );
-        match (&self.lora, adapters) {
-            (Some(l), Adapters::Enabled) if !l.merged => base + l.delta(x),
-            (Some(l), Adapters::Disabled) if l.merged => base - l.delta(x),
-            _ => base,
-        }
+            lora,
+        )
     }
 
     /// `(d_in, d_out)`, read without materialising a lazy weight.

@@ -25,6 +25,14 @@ fn cast<T: 'static, U: 'static>(t: T) -> Result<U, T> {
     }
 }
 
+/// The route of a tensor, for checking that several take the same one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Flex,
+    AutodiffFlex,
+    Generic,
+}
+
 /// A tensor sorted by the implementation it takes.
 pub(crate) enum Route<B: Backend, const D: usize> {
     /// A contiguous-or-not `f32` Flex tensor.
@@ -51,6 +59,32 @@ impl<B: Backend, const D: usize> Route<B, D> {
         match cast::<B::FloatTensorPrimitive, AutodiffFlexTensor>(p) {
             Ok(t) => Self::AutodiffFlex(t),
             Err(p) => Self::Generic(Tensor::from_primitive(TensorPrimitive::Float(p))),
+        }
+    }
+
+    /// Which route the tensor took.
+    pub(crate) fn kind(&self) -> Kind {
+        match self {
+            Self::Flex(_) => Kind::Flex,
+            Self::AutodiffFlex(_) => Kind::AutodiffFlex,
+            Self::Generic(_) => Kind::Generic,
+        }
+    }
+
+    /// The Flex primitive; only for a tensor whose [`Self::kind`] is [`Kind::Flex`].
+    pub(crate) fn into_flex(self) -> FlexTensor {
+        match self {
+            Self::Flex(t) => t,
+            _ => unreachable!("into_flex on a tensor of another route"),
+        }
+    }
+
+    /// The `Autodiff<Flex>` primitive; only for a tensor whose [`Self::kind`] is
+    /// [`Kind::AutodiffFlex`].
+    pub(crate) fn into_autodiff_flex(self) -> AutodiffFlexTensor {
+        match self {
+            Self::AutodiffFlex(t) => t,
+            _ => unreachable!("into_autodiff_flex on a tensor of another route"),
         }
     }
 

@@ -9,6 +9,7 @@ use burn::backend::flex::{Flex, FlexTensor};
 use burn::tensor::TensorData;
 
 use crate::Order;
+use crate::dense;
 use crate::dispatch::AutodiffFlexTensor;
 use crate::kernels::{self, Rows, Turn};
 use crate::modulation;
@@ -660,5 +661,175 @@ pub(crate) fn rms_norm_autodiff(
             prep.finish(RmsNormState { x, w, rstd }, y)
         }
         OpsKind::UnTracked(prep) => prep.finish(rms_norm(x.primitive, w.primitive, eps)),
+    }
+}
+
+/// The shape of a linear layer on `x: [..., rows, d_in]`.
+fn linear_dims(x: &FlexTensor, w: &FlexTensor, rank: usize) -> dense::Dims {
+    let xs = x.layout().shape();
+    let ws = w.layout().shape();
+    let n = xs.num_dims();
+    let d_in = xs[n - 1];
+    // burn's batched product: one matrix per index of the axes before the last two
+    let rows = if n >= 2 { xs[n - 2] } else { 1 };
+    dense::Dims {
+        batch: xs.num_elements() / (rows * d_in).max(1),
+        rows,
+        d_in,
+        d_out: ws[1],
+        rank,
+    }
+}
+
+/// An adapter's tensors and scale.
+pub(crate) type LoraParts<T> = (T, T, f32);
+
+/// [`dense::forward`] of contiguous tensors: the output and, with an adapter, `x A`.
+fn linear_parts(
+    x: &FlexTensor,
+    w: &FlexTensor,
+    bias: Option<&FlexTensor>,
+    lora: Option<&LoraParts<FlexTensor>>,
+) -> (FlexTensor, Option<Vec<f32>>) {
+    let rank = lora.map_or(0, |(a, _, _)| a.layout().shape()[1]);
+    let dims = linear_dims(x, w, rank);
+    let mut xa = lora.map(|_| vec![0f32; dims.batch * dims.rows * rank]);
+    let out = dense::forward(
+        dims,
+        slice(x),
+        slice(w),
+        bias.map(slice),
+        lora.zip(xa.as_deref_mut()).map(|((a, b, scale), xa)| {
+            (
+                dense::Lora {
+                    a: slice(a),
+                    b: slice(b),
+                    scale: *scale,
+                },
+                xa,
+            )
+        }),
+    );
+    let mut shape = x.layout().shape().to_vec();
+    *shape.last_mut().expect("x has an axis") = dims.d_out;
+    (from_vec(out, &shape), xa)
+}
+
+pub(crate) fn linear(
+    x: FlexTensor,
+    w: FlexTensor,
+    bias: Option<FlexTensor>,
+    lora: Option<LoraParts<FlexTensor>>,
+) -> FlexTensor {
+    let [x, w] = [x, w].map(contiguous);
+    let bias = bias.map(contiguous);
+    let lora = lora.map(|(a, b, s)| (contiguous(a), contiguous(b), s));
+    linear_parts(&x, &w, bias.as_ref(), lora.as_ref()).0
+}
+
+#[derive(Debug)]
+struct LinearBackward;
+
+#[derive(Clone, Debug)]
+struct LinearState {
+    x: FlexTensor,
+    w: FlexTensor,
+    has_bias: bool,
+    lora: Option<LoraParts<FlexTensor>>,
+    xa: Option<Vec<f32>>,
+}
+
+impl Backward<Flex, 5> for LinearBackward {
+    type State = LinearState;
+
+    /// Parents `[x, weight, bias, A, B]`; an absent bias or adapter holds `x`'s node in its
+    /// place and gets no gradient.
+    fn backward(self, ops: Ops<LinearState, 5>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [px, pw, pbias, pa, pb] = ops.parents;
+        let st = ops.state;
+        let g = contiguous(grads.consume::<Flex>(&ops.node));
+        let rank = st
+            .lora
+            .as_ref()
+            .map_or(0, |(a, _, _)| a.layout().shape()[1]);
+        let dims = linear_dims(&st.x, &st.w, rank);
+        let has_lora = st.lora.is_some();
+        let want = dense::Want {
+            x: px.is_some(),
+            w: pw.is_some(),
+            bias: st.has_bias && pbias.is_some(),
+            a: has_lora && pa.is_some(),
+            b: has_lora && pb.is_some(),
+        };
+        let lora = st
+            .lora
+            .as_ref()
+            .zip(st.xa.as_deref())
+            .map(|((a, b, s), xa)| {
+                (
+                    dense::Lora {
+                        a: slice(a),
+                        b: slice(b),
+                        scale: *s,
+                    },
+                    xa,
+                )
+            });
+        let got = dense::backward(dims, slice(&st.x), slice(&st.w), lora, slice(&g), want);
+        let shape = |t: &FlexTensor| t.layout().shape().to_vec();
+        let parts = [
+            (px, got.x, shape(&st.x)),
+            (pw, got.w, shape(&st.w)),
+            (pbias, got.bias, vec![dims.d_out]),
+            (pa, got.a, vec![dims.d_in, rank]),
+            (pb, got.b, vec![rank, dims.d_out]),
+        ];
+        for (node, grad, dims) in parts {
+            if let (Some(node), Some(grad)) = (node, grad) {
+                grads.register::<Flex>(node.id, from_vec(grad, &dims));
+            }
+        }
+    }
+}
+
+pub(crate) fn linear_autodiff(
+    x: AutodiffFlexTensor,
+    w: AutodiffFlexTensor,
+    bias: Option<AutodiffFlexTensor>,
+    lora: Option<LoraParts<AutodiffFlexTensor>>,
+) -> AutodiffFlexTensor {
+    let node = |t: Option<&AutodiffFlexTensor>| t.unwrap_or(&x).node.clone();
+    let parents = [
+        x.node.clone(),
+        w.node.clone(),
+        node(bias.as_ref()),
+        node(lora.as_ref().map(|l| &l.0)),
+        node(lora.as_ref().map(|l| &l.1)),
+    ];
+    match LinearBackward
+        .prepare::<NoCheckpointing>(parents)
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(prep) => {
+            let [x, w] = [x.primitive, w.primitive].map(contiguous);
+            let bias = bias.map(|b| contiguous(b.primitive));
+            let lora = lora.map(|(a, b, s)| (contiguous(a.primitive), contiguous(b.primitive), s));
+            let (y, xa) = linear_parts(&x, &w, bias.as_ref(), lora.as_ref());
+            let state = LinearState {
+                x,
+                w,
+                has_bias: bias.is_some(),
+                lora,
+                xa,
+            };
+            prep.finish(state, y)
+        }
+        OpsKind::UnTracked(prep) => prep.finish(linear(
+            x.primitive,
+            w.primitive,
+            bias.map(|b| b.primitive),
+            lora.map(|(a, b, s)| (a.primitive, b.primitive, s)),
+        )),
     }
 }

@@ -8,7 +8,7 @@
 //!   tensor is a `f32` Flex tensor or an `f32` `Autodiff<Flex>` tensor.
 //!
 //! The public functions ([`gelu_tanh`], [`rope`], [`relayout`], [`attention`],
-//! [`layer_norm_modulated`], [`gated_residual`], [`rms_norm`]) pick the kernel when the tensor's primitive is
+//! [`layer_norm_modulated`], [`gated_residual`], [`rms_norm`], [`linear`]) pick the kernel when the tensor's primitive is
 //! one of those types and the generic composition otherwise; the choice is made from the
 //! primitive's concrete type at run time (`core::any::Any`), so callers stay generic over
 //! `B: Backend` and no trait bound spreads through the crates above. The parity tests
@@ -21,6 +21,7 @@
 //! copy. Here each is one vectorised pass, and its backward one more (see
 //! `docs/PERFORMANCE.md`).
 
+mod dense;
 mod dispatch;
 mod flex;
 mod kernels;
@@ -263,4 +264,98 @@ pub fn rms_norm<B: Backend, const D: usize>(
         }
         (x, w) => reference::rms_norm(x.into_tensor(), w.into_tensor(), eps),
     }
+}
+
+/// A LoRA adapter's term `scale · (x A) B` on a [`linear`] layer.
+#[derive(Clone, Debug)]
+pub struct LoraTerm<B: Backend> {
+    /// `A: [d_in, rank]`.
+    pub a: Tensor<B, 2>,
+    /// `B: [rank, d_out]`.
+    pub b: Tensor<B, 2>,
+    /// The scale `s` (negative to subtract the term, as a merged adapter switched off does).
+    pub scale: f64,
+}
+
+/// A linear layer `x W + b + s (x A) B` on the last axis of `x: [..., d_in]`, with `weight:
+/// [d_in, d_out]` (burn's layout), an optional `bias: [d_out]` and an optional adapter.
+///
+/// On Flex (`f32`) the products as burn's batched product takes them (one matrix per index
+/// of the axes before the last two), then one pass that adds the bias and the scaled adapter
+/// term; `x A` is kept for the backward, which computes only the gradients of the tracked
+/// inputs (a frozen base weight costs no `xᵀ g`). A row's output does not depend on the rows
+/// beside it in the call. Elsewhere [`reference::linear`] (burn's `linear`, the adapter's
+/// products, a scale and an add). The two agree to float rounding.
+///
+/// # Panics
+/// If the shapes disagree.
+pub fn linear<B: Backend, const D: usize>(
+    x: Tensor<B, D>,
+    weight: Tensor<B, 2>,
+    bias: Option<Tensor<B, 1>>,
+    lora: Option<LoraTerm<B>>,
+) -> Tensor<B, D> {
+    let d_in = x.dims()[D - 1];
+    let [w_in, d_out] = weight.dims();
+    assert_eq!(
+        w_in, d_in,
+        "linear: the weight is [{w_in}, {d_out}], the input's last axis {d_in}"
+    );
+    if let Some(b) = &bias {
+        assert_eq!(
+            b.dims(),
+            [d_out],
+            "linear: the bias must be [d_out] = [{d_out}]"
+        );
+    }
+    if let Some(l) = &lora {
+        let [a_in, r] = l.a.dims();
+        assert!(
+            a_in == d_in && l.b.dims() == [r, d_out],
+            "linear: the adapter is A {:?}, B {:?}; expected [{d_in}, r], [r, {d_out}]",
+            l.a.dims(),
+            l.b.dims()
+        );
+    }
+    let (x, w) = (Route::of(x), Route::of(weight));
+    let bias = bias.map(Route::of);
+    let lora = lora.map(|l| (Route::of(l.a), Route::of(l.b), l.scale));
+    let every = |is: fn(&dispatch::Kind) -> bool| {
+        is(&x.kind())
+            && is(&w.kind())
+            && bias.as_ref().is_none_or(|b| is(&b.kind()))
+            && lora
+                .as_ref()
+                .is_none_or(|(a, b, _)| is(&a.kind()) && is(&b.kind()))
+    };
+    if every(|k| *k == dispatch::Kind::Flex) {
+        let lora = lora.map(|(a, b, s)| (a.into_flex(), b.into_flex(), s as f32));
+        let y = flex::linear(
+            x.into_flex(),
+            w.into_flex(),
+            bias.map(Route::into_flex),
+            lora,
+        );
+        return dispatch::from_flex(y);
+    }
+    if every(|k| *k == dispatch::Kind::AutodiffFlex) {
+        let lora = lora.map(|(a, b, s)| (a.into_autodiff_flex(), b.into_autodiff_flex(), s as f32));
+        let y = flex::linear_autodiff(
+            x.into_autodiff_flex(),
+            w.into_autodiff_flex(),
+            bias.map(Route::into_autodiff_flex),
+            lora,
+        );
+        return dispatch::from_autodiff_flex(y);
+    }
+    reference::linear(
+        x.into_tensor(),
+        w.into_tensor(),
+        bias.map(Route::into_tensor),
+        lora.map(|(a, b, scale)| LoraTerm {
+            a: a.into_tensor(),
+            b: b.into_tensor(),
+            scale,
+        }),
+    )
 }

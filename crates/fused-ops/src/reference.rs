@@ -61,3 +61,19 @@ pub fn rms_norm<B: Backend, const D: usize>(
     let var = x.clone().square().mean_dim(D - 1);
     x * var.add_scalar(eps).sqrt().recip() * weight.unsqueeze::<D>()
 }
+
+/// `x W + b + s (x A) B`: burn's `linear`, then the adapter's two products, its scale and an
+/// add (what `dit-models`' layer computed before this crate took it over).
+pub fn linear<B: Backend, const D: usize>(
+    x: Tensor<B, D>,
+    weight: Tensor<B, 2>,
+    bias: Option<Tensor<B, 1>>,
+    lora: Option<crate::LoraTerm<B>>,
+) -> Tensor<B, D> {
+    use burn::tensor::module::linear;
+    let base = linear(x.clone(), weight, bias);
+    match lora {
+        Some(l) => base + linear(linear(x, l.a, None), l.b, None).mul_scalar(l.scale),
+        None => base,
+    }
+}

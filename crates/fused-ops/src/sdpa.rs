@@ -52,14 +52,15 @@ impl Shape {
 /// Elements of one block's score matrix (128 KiB of `f32`: within a core's L2 cache).
 const BLOCK_SCORES: usize = 1 << 15;
 
-/// `dst = beta · lhs · rhs` (`read_dst = false`) or `dst += beta · lhs · rhs`, one thread, for
-/// matrices given by their first element and their column and row strides (in elements).
+/// `dst = beta · lhs · rhs` (`accumulate = false`) or `dst += beta · lhs · rhs`, for matrices
+/// given by their first element and their column and row strides (in elements), on the
+/// calling thread or split over rayon's pool as `parallelism` says.
 ///
 /// # Safety
 /// Every element `m × k` of `lhs`, `k × n` of `rhs` and `m × n` of `dst` addressed by the
 /// strides lies in its allocation, and `dst` overlaps neither input.
 #[allow(clippy::too_many_arguments)]
-unsafe fn matmul(
+pub(crate) unsafe fn matmul(
     [m, n, k]: [usize; 3],
     dst: *mut f32,
     [dst_cs, dst_rs]: [isize; 2],
@@ -69,6 +70,7 @@ unsafe fn matmul(
     rhs: *const f32,
     [rhs_cs, rhs_rs]: [isize; 2],
     beta: f32,
+    parallelism: gemm::Parallelism,
 ) {
     // SAFETY: the caller's contract.
     unsafe {
@@ -91,18 +93,18 @@ unsafe fn matmul(
             false,
             false,
             false,
-            gemm::Parallelism::None,
+            parallelism,
         )
     }
 }
 
 /// Row-major `[rows, cols]` strides `[column, row]`.
-fn row_major(cols: usize) -> [isize; 2] {
+pub(crate) fn row_major(cols: usize) -> [isize; 2] {
     [1, cols as isize]
 }
 
 /// The transpose of a row-major `[rows, cols]` matrix.
-fn transposed(cols: usize) -> [isize; 2] {
+pub(crate) fn transposed(cols: usize) -> [isize; 2] {
     [cols as isize, 1]
 }
 
@@ -351,6 +353,7 @@ pub(crate) fn forward(
                     k.as_ptr(),
                     transposed(d),
                     scale,
+                    gemm::Parallelism::None,
                 );
             }
             softmax_rows(s, seq_kv, keep, &mut lse[r0..r0 + m]);
@@ -365,6 +368,7 @@ pub(crate) fn forward(
                     v.as_ptr(),
                     row_major(dv),
                     1.0,
+                    gemm::Parallelism::None,
                 );
             }
         }
@@ -446,6 +450,7 @@ pub(crate) fn backward(sh: &Shape, saved: &Saved, g: &[f32]) -> [Vec<f32>; 3] {
                     k.as_ptr(),
                     transposed(d),
                     scale,
+                    gemm::Parallelism::None,
                 );
             }
             probabilities_rows(p, seq_kv, keep, &lse[r0..r0 + m]);
@@ -461,6 +466,7 @@ pub(crate) fn backward(sh: &Shape, saved: &Saved, g: &[f32]) -> [Vec<f32>; 3] {
                     g[r0 * dv..].as_ptr(),
                     row_major(dv),
                     1.0,
+                    gemm::Parallelism::None,
                 );
                 // dP = g Vᵀ
                 matmul(
@@ -473,6 +479,7 @@ pub(crate) fn backward(sh: &Shape, saved: &Saved, g: &[f32]) -> [Vec<f32>; 3] {
                     v.as_ptr(),
                     transposed(dv),
                     1.0,
+                    gemm::Parallelism::None,
                 );
             }
             scores_grad_rows(p, ds, seq_kv, &delta[r0..r0 + m], scale);
@@ -488,6 +495,7 @@ pub(crate) fn backward(sh: &Shape, saved: &Saved, g: &[f32]) -> [Vec<f32>; 3] {
                     k.as_ptr(),
                     row_major(d),
                     1.0,
+                    gemm::Parallelism::None,
                 );
                 // dK += dSᵀ Q
                 matmul(
@@ -500,6 +508,7 @@ pub(crate) fn backward(sh: &Shape, saved: &Saved, g: &[f32]) -> [Vec<f32>; 3] {
                     q[r0 * d..].as_ptr(),
                     row_major(d),
                     1.0,
+                    gemm::Parallelism::None,
                 );
             }
         }

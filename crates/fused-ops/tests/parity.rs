@@ -7,8 +7,8 @@ use burn::tensor::backend::Backend;
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Distribution, Tensor, TensorData};
 use fused_ops::{
-    Order, attention, gated_residual, gelu_tanh, layer_norm_modulated, reference, relayout,
-    rms_norm, rope,
+    LoraTerm, Order, attention, gated_residual, gelu_tanh, layer_norm_modulated, linear, reference,
+    relayout, rms_norm, rope,
 };
 use proptest::prelude::*;
 
@@ -27,6 +27,31 @@ fn worst_rel<B: Backend, const D: usize>(a: Tensor<B, D>, b: Tensor<B, D>) -> f6
         let e = (a as f64 - b as f64).abs() / (b as f64).abs().max(1.0);
         if e > worst { e } else { worst }
     })
+}
+
+/// The largest `|a - b|` over `max(1, largest |b|)`: the error against the tensor's scale;
+/// fails on a NaN in either, or a shape mismatch.
+fn worst_scaled<B: Backend, const D: usize>(a: Tensor<B, D>, b: Tensor<B, D>) -> f64 {
+    assert_eq!(a.dims(), b.dims());
+    let a = a.into_data().into_vec::<f32>().unwrap();
+    let b = b.into_data().into_vec::<f32>().unwrap();
+    let mut scale = 1.0f64;
+    let mut worst = 0.0f64;
+    for (&a, &b) in a.iter().zip(&b) {
+        assert!(
+            !a.is_nan() && !b.is_nan(),
+            "NaN in a comparison: {a} against {b}"
+        );
+        let (a, b) = (a as f64, b as f64);
+        if b.abs() > scale {
+            scale = b.abs();
+        }
+        let e = (a - b).abs();
+        if e > worst {
+            worst = e;
+        }
+    }
+    worst / scale
 }
 
 fn random<B: Backend, const D: usize>(shape: [usize; D], scale: f64) -> Tensor<B, D> {
@@ -469,6 +494,197 @@ fn rms_weight_grad_f64(x: Tensor<Flex, 4>, g: Tensor<Flex, 4>) -> Tensor<Flex, 1
     Tensor::from_data(TensorData::new(dw, [d]), &Default::default())
 }
 
+/// The linear layer against burn's `linear` plus the adapter's composition: values and the
+/// gradients of every tracked input, with and without bias and adapter, a frozen and a trained
+/// base weight, a negative scale (a merged adapter switched off), a strided input, and one
+/// shape whose products split over threads.
+#[test]
+fn the_linear_layer_and_its_gradients_match_the_composition() {
+    // (batch, tokens, d_in, d_out, rank, bias, base trained, scale)
+    let cases = [
+        (2, 5, 12, 7, 3, true, false, 2.0),
+        (3, 4, 9, 10, 0, true, true, 1.0),
+        (1, 6, 8, 8, 2, false, true, -0.5),
+        (4, 150, 128, 128, 8, true, false, 2.0),
+    ];
+    for (b, t, din, dout, rank, has_bias, base_trained, scale) in cases {
+        // strided: a transposed view of [batch, d_in, tokens]
+        let x0 = random::<Ad, 3>([b, din, t], 1.0).swap_dims(1, 2);
+        let w0 = random::<Ad, 2>([din, dout], 0.3);
+        let b0 = random::<Ad, 1>([dout], 0.5);
+        let (a0, bb0) = (
+            random::<Ad, 2>([din, rank], 0.3),
+            random::<Ad, 2>([rank, dout], 0.3),
+        );
+        let out = random::<Ad, 3>([b, t, dout], 1.0);
+        let run = |fused: bool| {
+            let x = x0.clone().require_grad();
+            let w = if base_trained {
+                w0.clone().require_grad()
+            } else {
+                w0.clone()
+            };
+            let bias = has_bias.then(|| {
+                if base_trained {
+                    b0.clone().require_grad()
+                } else {
+                    b0.clone()
+                }
+            });
+            let (a, bb) = (a0.clone().require_grad(), bb0.clone().require_grad());
+            let lora = (rank > 0).then(|| LoraTerm {
+                a: a.clone(),
+                b: bb.clone(),
+                scale,
+            });
+            let y = if fused {
+                linear(x.clone(), w.clone(), bias.clone(), lora)
+            } else {
+                reference::linear(x.clone(), w.clone(), bias.clone(), lora)
+            };
+            let g = (y.clone() * out.clone()).sum().backward();
+            let mut grads = vec![("x", x.grad(&g).expect("x's gradient").reshape([-1]))];
+            if base_trained {
+                grads.push(("weight", w.grad(&g).expect("a gradient").reshape([-1])));
+                if let Some(bias) = &bias {
+                    grads.push(("bias", bias.grad(&g).expect("a gradient")));
+                }
+            } else {
+                assert!(w.grad(&g).is_none(), "a frozen weight got a gradient");
+            }
+            if rank > 0 {
+                grads.push(("A", a.grad(&g).expect("a gradient").reshape([-1])));
+                grads.push(("B", bb.grad(&g).expect("a gradient").reshape([-1])));
+            }
+            (y.inner(), grads)
+        };
+        let ((yf, gf), (yr, gr)) = (run(true), run(false));
+        let at = format!(
+            "[{b}, {t}, {din}] -> {dout}, rank {rank}, bias {has_bias}, base trained {base_trained}"
+        );
+        let e = worst_rel(yf, yr);
+        assert!(e < 2e-6, "{at}: values {e:.3e}");
+        // The gradients are sums over every row, with cancellation: both sides are held to
+        // the f64 sums, the error measured against the gradient's largest element (an f32 sum
+        // of 600 terms is off by about 1e-4 of its terms' size, whatever its own size).
+        let data = |t: &Tensor<Ad, 3>| t.clone().inner().into_data().into_vec::<f32>().unwrap();
+        let data2 = |t: &Tensor<Ad, 2>| t.clone().inner().into_data().into_vec::<f32>().unwrap();
+        let exact = linear_grads_f64(
+            [data(&x0), data(&out)],
+            [data2(&w0), data2(&a0), data2(&bb0)],
+            [din, dout, rank],
+            scale,
+        );
+        assert_eq!(gf.len(), gr.len());
+        for ((name, a), (_, r)) in gf.into_iter().zip(gr) {
+            let want = Tensor::<Flex, 1>::from_data(
+                TensorData::new(exact[name].clone(), [exact[name].len()]),
+                &Default::default(),
+            );
+            let (ea, er) = (worst_scaled(a, want.clone()), worst_scaled(r, want));
+            assert!(
+                ea < 1e-5,
+                "{at}: gradient of {name} {ea:.3e} (composition {er:.3e})"
+            );
+        }
+    }
+}
+
+/// The gradients of `sum(g * (x W + b + s (x A) B))`, in f64, rounded once, by name; `x` and
+/// `g` in their logical (token-major) order.
+fn linear_grads_f64(
+    [x, g]: [Vec<f32>; 2],
+    [w, a, b]: [Vec<f32>; 3],
+    [din, dout, rank]: [usize; 3],
+    s: f64,
+) -> std::collections::HashMap<&'static str, Vec<f32>> {
+    let rows = x.len() / din;
+    let mut dx = vec![0f64; rows * din];
+    let (mut dw, mut db) = (vec![0f64; din * dout], vec![0f64; dout]);
+    let (mut da, mut dbb) = (vec![0f64; din * rank], vec![0f64; rank * dout]);
+    for r in 0..rows {
+        let (xr, gr) = (&x[r * din..(r + 1) * din], &g[r * dout..(r + 1) * dout]);
+        // x A and g Bᵀ of this row
+        let xa: Vec<f64> = (0..rank)
+            .map(|j| {
+                (0..din)
+                    .map(|i| xr[i] as f64 * a[i * rank + j] as f64)
+                    .sum()
+            })
+            .collect();
+        let gb: Vec<f64> = (0..rank)
+            .map(|j| {
+                (0..dout)
+                    .map(|o| gr[o] as f64 * b[j * dout + o] as f64)
+                    .sum()
+            })
+            .collect();
+        for i in 0..din {
+            let mut v = 0.0;
+            for o in 0..dout {
+                v += gr[o] as f64 * w[i * dout + o] as f64;
+                dw[i * dout + o] += xr[i] as f64 * gr[o] as f64;
+            }
+            for j in 0..rank {
+                v += s * gb[j] * a[i * rank + j] as f64;
+                da[i * rank + j] += s * xr[i] as f64 * gb[j];
+            }
+            dx[r * din + i] = v;
+        }
+        for o in 0..dout {
+            db[o] += gr[o] as f64;
+            for j in 0..rank {
+                dbb[j * dout + o] += s * xa[j] * gr[o] as f64;
+            }
+        }
+    }
+    let round = |v: Vec<f64>| v.into_iter().map(|v| v as f32).collect::<Vec<f32>>();
+    [
+        ("x", dx),
+        ("weight", dw),
+        ("bias", db),
+        ("A", da),
+        ("B", dbb),
+    ]
+    .into_iter()
+    .map(|(n, v)| (n, round(v)))
+    .collect()
+}
+
+/// A batch through the linear layer in two calls gives the bits of one call (the rollout
+/// samples its rows in chunks and promises the bits of one batch), with and without the
+/// products split over threads.
+#[test]
+fn the_linear_layer_gives_a_row_the_same_bits_in_any_batch() {
+    for (t, din, dout) in [(76, 128, 128), (300, 256, 512)] {
+        let x = random::<Flex, 3>([5, t, din], 1.0);
+        let w = random::<Flex, 2>([din, dout], 0.1);
+        let bias = Some(random::<Flex, 1>([dout], 0.1));
+        let lora = Some(LoraTerm {
+            a: random::<Flex, 2>([din, 8], 0.1),
+            b: random::<Flex, 2>([8, dout], 0.1),
+            scale: 2.0,
+        });
+        let run = |x| linear(x, w.clone(), bias.clone(), lora.clone());
+        let whole = run(x.clone());
+        // 2 + 3 matrices, and 1 + 4: a lone large matrix splits its own product over threads
+        for first in [2, 1] {
+            let parts = Tensor::cat(
+                vec![
+                    run(x.clone().narrow(0, 0, first)),
+                    run(x.clone().narrow(0, first, 5 - first)),
+                ],
+                0,
+            );
+            assert_eq!(
+                whole.clone().into_data(),
+                parts.into_data(),
+                "[5, {t}, {din}] -> {dout}, split after {first}"
+            );
+        }
+    }
+}
+
 /// A modulation that is not one row per batch row takes the composition.
 #[test]
 fn a_per_token_modulation_takes_the_composition() {
@@ -532,5 +748,37 @@ proptest! {
         let ((yf, gf), (yr, gr)) = (grad(true), grad(false));
         prop_assert!(worst_rel(yf, yr) < 1e-6);
         prop_assert!(worst_rel(gf, gr) < 2e-6);
+    }
+}
+
+/// The same for a `[rows, d_in]` input, down to a chunk of one row (gemm's single-row path
+/// must not change a row's bits), with and without an adapter.
+#[test]
+fn the_linear_layer_gives_a_lone_row_the_bits_of_a_batch() {
+    for (din, dout, rank) in [(256, 768, 0), (64, 128, 4)] {
+        let x = random::<Flex, 2>([5, din], 1.0);
+        let w = random::<Flex, 2>([din, dout], 0.1);
+        let bias = Some(random::<Flex, 1>([dout], 0.1));
+        let lora = (rank > 0).then(|| LoraTerm {
+            a: random::<Flex, 2>([din, rank], 0.1),
+            b: random::<Flex, 2>([rank, dout], 0.1),
+            scale: 2.0,
+        });
+        let run = |x| linear(x, w.clone(), bias.clone(), lora.clone());
+        let whole = run(x.clone());
+        for first in 1..5 {
+            let parts = Tensor::cat(
+                vec![
+                    run(x.clone().narrow(0, 0, first)),
+                    run(x.clone().narrow(0, first, 5 - first)),
+                ],
+                0,
+            );
+            assert_eq!(
+                whole.clone().into_data(),
+                parts.into_data(),
+                "[5, {din}] -> {dout}, rank {rank}, split after {first}"
+            );
+        }
     }
 }
