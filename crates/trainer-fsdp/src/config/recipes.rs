@@ -178,8 +178,8 @@ impl TrainConfig {
     ///
     /// Those settings were tuned against the judge's earlier, averaged score, which RL
     /// satisfied by painting the canvas in blobs (`docs/SEEDS.md`). Under the judge as it is
-    /// now, which multiplies what was asked by `Exclusive`, the recipe gains +0.014 over five
-    /// seeds (+0.005 to +0.039): the held-out reward barely moves; the recipe is not yet
+    /// now, which multiplies what was asked by `Exclusive`, the recipe gains +0.007 over five
+    /// seeds (-0.013 to +0.043): the held-out reward does not move; the recipe is not yet
     /// tuned to a real gain.
     pub fn shapes_world_lora() -> Self {
         let mut c = Self::qwen_image_t2i_lora();
