@@ -265,6 +265,31 @@ crate::kernels::simd_dispatch!(
     }
 );
 
+/// The scaled scores `s = scale · q kᵀ` of a block of query rows `q: [m, d]` against every
+/// key `k: [seq_kv, d]`, into `s: [m, seq_kv]`.
+fn block_scores(q: &[f32], k: &[f32], [m, seq_kv, d]: [usize; 3], scale: f32, s: &mut [f32]) {
+    assert!(
+        q.len() == m * d && k.len() == seq_kv * d && s.len() == m * seq_kv,
+        "attention: a score block of {} elements for {m} queries and {seq_kv} keys",
+        s.len()
+    );
+    // SAFETY: the lengths were just checked against the shapes the strides address.
+    unsafe {
+        matmul(
+            [m, seq_kv, d],
+            s.as_mut_ptr(),
+            row_major(seq_kv),
+            false,
+            q.as_ptr(),
+            row_major(d),
+            k.as_ptr(),
+            transposed(d),
+            scale,
+            gemm::Parallelism::None,
+        );
+    }
+}
+
 fn check_len(name: &str, buf: &[f32], want: usize) {
     assert_eq!(
         buf.len(),
@@ -340,23 +365,10 @@ pub(crate) fn forward(
         for r0 in (0..seq_q).step_by(rows) {
             let m = rows.min(seq_q - r0);
             let s = &mut s[..m * seq_kv];
-            // SAFETY: q's block is [m, d] from row r0, k is [seq_kv, d], s is [m, seq_kv],
-            // and out's block [m, dv] from row r0, v [seq_kv, dv]: every index is in bounds.
-            unsafe {
-                matmul(
-                    [m, seq_kv, d],
-                    s.as_mut_ptr(),
-                    row_major(seq_kv),
-                    false,
-                    q[r0 * d..].as_ptr(),
-                    row_major(d),
-                    k.as_ptr(),
-                    transposed(d),
-                    scale,
-                    gemm::Parallelism::None,
-                );
-            }
+            block_scores(&q[r0 * d..(r0 + m) * d], k, [m, seq_kv, d], scale, s);
             softmax_rows(s, seq_kv, keep, &mut lse[r0..r0 + m]);
+            // SAFETY: out's block is [m, dv] from row r0, s is [m, seq_kv], v [seq_kv, dv]:
+            // every index is in bounds.
             unsafe {
                 matmul(
                     [m, dv, seq_kv],
@@ -437,23 +449,10 @@ pub(crate) fn backward(sh: &Shape, saved: &Saved, g: &[f32]) -> [Vec<f32>; 3] {
             let m = rows.min(seq_q - r0);
             let (p, ds) = (&mut p[..m * seq_kv], &mut ds[..m * seq_kv]);
             let first = r0 == 0;
+            block_scores(&q[r0 * d..(r0 + m) * d], k, [m, seq_kv, d], scale, p);
+            probabilities_rows(p, seq_kv, keep, &lse[r0..r0 + m]);
             // SAFETY: the blocks of q, g and dq start at row r0 and hold m rows; k, v, dk
             // and dv hold seq_kv rows; p and ds are [m, seq_kv]. Every index is in bounds.
-            unsafe {
-                matmul(
-                    [m, seq_kv, d],
-                    p.as_mut_ptr(),
-                    row_major(seq_kv),
-                    false,
-                    q[r0 * d..].as_ptr(),
-                    row_major(d),
-                    k.as_ptr(),
-                    transposed(d),
-                    scale,
-                    gemm::Parallelism::None,
-                );
-            }
-            probabilities_rows(p, seq_kv, keep, &lse[r0..r0 + m]);
             unsafe {
                 // dV += Pᵀ g
                 matmul(
