@@ -7,6 +7,10 @@
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+#[path = "../examples/common/mod.rs"]
+#[allow(dead_code)]
+mod common;
+
 use burn::tensor::{Tensor, TensorData, backend::Backend};
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use flowrl::sde_math::solvers::{DpmSolverPP, OdeSolver, SolverState, UniPc};
@@ -109,7 +113,9 @@ fn kernels<B: Backend>(c: &mut Criterion, backend: &str, dev: B::Device) {
                     B::sync(&dev).unwrap();
                     out
                 },
-                criterion::BatchSize::SmallInput,
+                // one state per iteration: a batch of them (and of their outputs, 1.2 MB
+                // each) held at once would measure fresh memory, not the step
+                criterion::BatchSize::PerIteration,
             )
         });
     }
@@ -117,6 +123,9 @@ fn kernels<B: Backend>(c: &mut Criterion, backend: &str, dev: B::Device) {
 }
 
 fn cpu(c: &mut Criterion) {
+    // As the main job runs: freed pages stay with the process (docs/PERFORMANCE.md, "The
+    // allocator"), so the figures are the kernels' and not the kernel's page zeroing.
+    common::keep_freed_pages();
     kernels::<flowrl::backend::Cpu>(c, "flex", Default::default());
 }
 

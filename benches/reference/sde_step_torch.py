@@ -8,7 +8,7 @@ flow_grpo's `sde_step_with_logprob` ("sde", "cps"), DanceGRPO's `flux_step`, dif
 UniPC and DPM-Solver++ `step` in flow mode.
 
     python benches/reference/sde_step_torch.py --flow-grpo /path/to/flow_grpo \
-        --dance-grpo /path/to/DanceGRPO --threads 2
+        [--dance-grpo /path/to/DanceGRPO] --threads 2
 
 Prints one line per kernel: median time per step and elements/s.
 """
@@ -42,7 +42,7 @@ def bench(fn, repeats=60, warmup=5):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--flow-grpo", required=True, type=Path)
-    ap.add_argument("--dance-grpo", required=True, type=Path)
+    ap.add_argument("--dance-grpo", type=Path, help="DanceGRPO's source (its rows are skipped without it)")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -50,7 +50,6 @@ def main():
     from diffusers import DPMSolverMultistepScheduler, FlowMatchEulerDiscreteScheduler, UniPCMultistepScheduler
 
     sde = importlib.import_module("flow_grpo.diffusers_patch.sd3_sde_with_logprob").sde_step_with_logprob
-    flux_step = load_functions_from_file(args.dance_grpo / "fastvideo" / "train_grpo_flux.py", ["flux_step"])["flux_step"]
 
     g = torch.Generator().manual_seed(0)
     x, v = torch.randn(SHAPE, generator=g), torch.randn(SHAPE, generator=g)
@@ -64,10 +63,24 @@ def main():
         prev = sde(sched, v, ts, x, noise_level=0.7, sde_type=sde_type, generator=gen)[0]
         rows.append((f"{sde_type}/sample", bench(lambda: sde(sched, v, ts, x, noise_level=0.7, sde_type=sde_type, generator=gen))))
         rows.append((f"{sde_type}/replay", bench(lambda: sde(sched, v, ts, x, noise_level=0.7, sde_type=sde_type, prev_sample=prev))))
+        # the same work as flowrl's replay of a bf16-stored trajectory: the stored sample
+        # rounded to bf16 and back, then scored
+        rows.append(
+            (
+                f"{sde_type}/replay_bf16",
+                bench(lambda: sde(sched, v, ts, x, noise_level=0.7, sde_type=sde_type, prev_sample=prev.bfloat16().float())),
+            )
+        )
     sigmas = sched.sigmas
-    rows.append(("dance/sample", bench(lambda: flux_step(v, x, 0.3, sigmas, 3, None, grpo=True, sde_solver=True))))
-    prev = flux_step(v, x, 0.3, sigmas, 3, None, grpo=True, sde_solver=True)[0]
-    rows.append(("dance/replay", bench(lambda: flux_step(v, x, 0.3, sigmas, 3, prev, grpo=True, sde_solver=True))))
+    if args.dance_grpo is not None:
+        flux_step = load_functions_from_file(args.dance_grpo / "fastvideo" / "train_grpo_flux.py", ["flux_step"])["flux_step"]
+        rows.append(("dance/sample", bench(lambda: flux_step(v, x, 0.3, sigmas, 3, None, grpo=True, sde_solver=True))))
+        prev = flux_step(v, x, 0.3, sigmas, 3, None, grpo=True, sde_solver=True)[0]
+        rows.append(("dance/replay", bench(lambda: flux_step(v, x, 0.3, sigmas, 3, prev, grpo=True, sde_solver=True))))
+    # diffusers' FlowMatchEulerDiscreteScheduler.step is `sample + dt * model_output`; timed
+    # as that expression, without the scheduler's Python bookkeeping
+    dt = float(sigmas[4] - sigmas[3])
+    rows.append(("ode/euler", bench(lambda: x + dt * v)))
     for name, cls, kw in [
         ("ode/dpm++2m", DPMSolverMultistepScheduler, dict(algorithm_type="dpmsolver++", solver_order=2)),
         ("ode/unipc_bh2", UniPCMultistepScheduler, dict(solver_order=2, solver_type="bh2")),

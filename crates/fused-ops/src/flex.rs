@@ -16,7 +16,7 @@ use crate::modulation;
 use crate::sdpa;
 
 /// `t` with a contiguous buffer that starts at its first element.
-fn contiguous(t: FlexTensor) -> FlexTensor {
+pub(crate) fn contiguous(t: FlexTensor) -> FlexTensor {
     if t.as_slice::<f32>().is_some() {
         t
     } else {
@@ -24,12 +24,12 @@ fn contiguous(t: FlexTensor) -> FlexTensor {
     }
 }
 
-fn slice(t: &FlexTensor) -> &[f32] {
+pub(crate) fn slice(t: &FlexTensor) -> &[f32] {
     t.as_slice::<f32>()
         .expect("fused-ops reads f32 tensors made contiguous first")
 }
 
-fn from_vec(v: Vec<f32>, dims: &[usize]) -> FlexTensor {
+pub(crate) fn from_vec(v: Vec<f32>, dims: &[usize]) -> FlexTensor {
     FlexTensor::from_data(TensorData::new(v, dims.to_vec()))
 }
 

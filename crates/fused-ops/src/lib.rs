@@ -1,4 +1,4 @@
-//! Fused tensor operations for the transformer's hot paths.
+//! Fused tensor operations for the transformer's hot paths and the sampler's steps.
 //!
 //! Each operation here has two implementations with one meaning:
 //!
@@ -8,7 +8,9 @@
 //!   tensor is a `f32` Flex tensor or an `f32` `Autodiff<Flex>` tensor.
 //!
 //! The public functions ([`gelu_tanh`], [`rope`], [`relayout`], [`attention`],
-//! [`layer_norm_modulated`], [`gated_residual`], [`rms_norm`], [`linear`]) pick the kernel when the tensor's primitive is
+//! [`layer_norm_modulated`], [`gated_residual`], [`rms_norm`], [`linear`], and the step kernels
+//! [`combine`], [`mean_square_residual`], [`round_through`], [`gaussian_step`]) pick the kernel
+//! when the tensor's primitive is
 //! one of those types and the generic composition otherwise; the choice is made from the
 //! primitive's concrete type at run time (`core::any::Any`), so callers stay generic over
 //! `B: Backend` and no trait bound spreads through the crates above. The parity tests
@@ -24,14 +26,16 @@
 mod dense;
 mod dispatch;
 mod flex;
+mod flex_step;
 mod kernels;
 mod modulation;
 pub mod reference;
 mod sdpa;
+mod step;
 
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::AttentionModuleOptions;
-use burn::tensor::{Bool, Tensor};
+use burn::tensor::{Bool, DType, Tensor};
 
 use dispatch::Route;
 
@@ -358,4 +362,222 @@ pub fn linear<B: Backend, const D: usize>(
             scale,
         }),
     )
+}
+
+/// The per-sample coefficients as the kernels take them (`None`: every one is exactly 1),
+/// rounded to `f32` as a scalar multiply of an `f32` tensor rounds its scalar.
+fn row_scale(values: &[f64]) -> Option<Vec<f32>> {
+    (!values.iter().all(|v| *v == 1.0)).then(|| values.iter().map(|v| *v as f32).collect())
+}
+
+fn check_per_sample(what: &str, values: &[f64], batch: usize) {
+    assert_eq!(
+        values.len(),
+        batch,
+        "{what}: {} per-sample values for a batch of {batch}",
+        values.len()
+    );
+}
+
+/// `a_b x + c_b v` for each sample `b` of `x`, `v: [batch, ...]` (one coefficient per sample
+/// in `a` and `c`): a flow sampler's mean (`c_x x + c_v v`), Euler step (`x + dt v`) or draw
+/// (`mu + std noise`).
+///
+/// On Flex (`f32`) one pass, split over rayon's pool for large tensors, with a backward that
+/// scales the incoming gradient per sample; elsewhere [`reference::combine`]. The two give the
+/// same bits: each element is `x * a + v * c` in the tensor's dtype, and a coefficient of 1
+/// on every sample skips its multiply in both.
+///
+/// # Panics
+/// If `x` and `v` differ in shape, or `a` or `c` does not have one value per sample.
+pub fn combine<B: Backend, const D: usize>(
+    x: Tensor<B, D>,
+    a: &[f64],
+    v: Tensor<B, D>,
+    c: &[f64],
+) -> Tensor<B, D> {
+    assert_eq!(x.dims(), v.dims(), "combine: x and v must have one shape");
+    let batch = x.dims()[0];
+    check_per_sample("combine (a)", a, batch);
+    check_per_sample("combine (c)", c, batch);
+    let c32 = || c.iter().map(|v| *v as f32).collect::<Vec<f32>>();
+    match (Route::of(x), Route::of(v)) {
+        (Route::Flex(x), Route::Flex(v)) => {
+            dispatch::from_flex(flex_step::combine(x, row_scale(a).as_deref(), v, &c32()))
+        }
+        (Route::AutodiffFlex(x), Route::AutodiffFlex(v)) => {
+            dispatch::from_autodiff_flex(flex_step::combine_autodiff(x, row_scale(a), v, c32()))
+        }
+        (x, v) => reference::combine(x.into_tensor(), a, v.into_tensor(), c),
+    }
+}
+
+/// `mean((p - m)^2)` over every axis but the first, `[batch, ...] -> [batch]`: the mean
+/// squared residual of a Gaussian log-density.
+///
+/// On Flex (`f32`) one pass that forms each difference in `f32` and sums the squares in `f64`
+/// (the composition sums in `f32`: the two agree to `f32` rounding of the sum), with a backward
+/// of one pass per tracked input; elsewhere [`reference::mean_square_residual`]. A sample's
+/// value does not depend on the samples beside it or on the number of threads.
+///
+/// # Panics
+/// If `p` and `m` differ in shape.
+pub fn mean_square_residual<B: Backend, const D: usize>(
+    p: Tensor<B, D>,
+    m: Tensor<B, D>,
+) -> Tensor<B, 1> {
+    assert_eq!(
+        p.dims(),
+        m.dims(),
+        "mean_square_residual: p and m must have one shape"
+    );
+    match (Route::of(p), Route::of(m)) {
+        (Route::Flex(p), Route::Flex(m)) => {
+            dispatch::from_flex(flex_step::mean_square_residual(p, m))
+        }
+        (Route::AutodiffFlex(p), Route::AutodiffFlex(m)) => {
+            dispatch::from_autodiff_flex(flex_step::mean_square_residual_autodiff(p, m))
+        }
+        (p, m) => reference::mean_square_residual(p.into_tensor(), m.into_tensor()),
+    }
+}
+
+/// `t` rounded to the precision of `storage` and back to its own dtype (round to nearest,
+/// ties to even), as a fresh tensor with no autodiff history: what a value reads back as
+/// after a trajectory stores it at `storage`. Identity when `storage` is `t`'s dtype.
+///
+/// On Flex (`f32` to `bf16`) one vectorised pass; elsewhere [`reference::round_through`], the
+/// conversion on the host. The two give the same bits (NaNs included).
+pub fn round_through<B: Backend, const D: usize>(t: Tensor<B, D>, storage: DType) -> Tensor<B, D> {
+    if storage != DType::BF16 {
+        return reference::round_through(t, storage);
+    }
+    match Route::of(t) {
+        Route::Flex(t) => dispatch::from_flex(flex_step::round_bf16(t)),
+        Route::AutodiffFlex(t) => dispatch::from_autodiff_flex(flex_step::round_bf16_autodiff(t)),
+        Route::Generic(t) => reference::round_through(t, storage),
+    }
+}
+
+/// Where the next sample of a [`gaussian_step`] comes from.
+pub enum NextSample<'a, B: Backend, const D: usize> {
+    /// Drawn: `mean + std_b noise`, from standard-normal noise and one std per sample.
+    Draw {
+        /// `[batch, ...]`, the shape of `x`.
+        noise: Tensor<B, D>,
+        /// One per sample.
+        std: &'a [f64],
+    },
+    /// Stored by a rollout, replayed (never differentiated).
+    Stored(Tensor<B, D>),
+}
+
+/// What a [`gaussian_step`] gives.
+pub struct GaussianStep<B: Backend, const D: usize> {
+    /// `a_b x + c_b v`, differentiable in `x` and `v`.
+    pub mean: Tensor<B, D>,
+    /// The next sample, rounded through the storage dtype; no autodiff history.
+    pub next: Tensor<B, D>,
+    /// `mean((next - mean)^2)` over each sample's elements, `[batch]`, differentiable through
+    /// `mean`.
+    pub mean_sq: Tensor<B, 1>,
+}
+
+/// One step of a Gaussian transition `x' ~ N(a_b x + c_b v, std_b^2)`: its mean, the next
+/// sample (drawn from `noise`, or a stored one) rounded through `storage` (the precision a
+/// trajectory keeps it at; `None` keeps it as it is), and each sample's mean squared residual
+/// `mean((x' - mean)^2)`, from which the log-density follows.
+///
+/// It is [`combine`], [`round_through`] and [`mean_square_residual`] one after another, and
+/// gives their bits on every backend. On Flex (`f32`, no autodiff, storage `bf16` or none) it
+/// is one pass over the samples, chunk by chunk while each is in cache; on `Autodiff<Flex>`
+/// the three kernels, whose backward passes reach `x` and `v` through the mean.
+///
+/// # Panics
+/// If the tensors differ in shape, or a coefficient list does not have one value per sample.
+pub fn gaussian_step<B: Backend, const D: usize>(
+    x: Tensor<B, D>,
+    a: &[f64],
+    v: Tensor<B, D>,
+    c: &[f64],
+    next: NextSample<'_, B, D>,
+    storage: Option<DType>,
+) -> GaussianStep<B, D> {
+    let batch = x.dims()[0];
+    assert_eq!(
+        x.dims(),
+        v.dims(),
+        "gaussian_step: x and v must have one shape"
+    );
+    check_per_sample("gaussian_step (a)", a, batch);
+    check_per_sample("gaussian_step (c)", c, batch);
+    match &next {
+        NextSample::Draw { noise, std } => {
+            assert_eq!(
+                noise.dims(),
+                x.dims(),
+                "gaussian_step: noise and x must have one shape"
+            );
+            check_per_sample("gaussian_step (std)", std, batch);
+        }
+        NextSample::Stored(p) => {
+            assert_eq!(
+                p.dims(),
+                x.dims(),
+                "gaussian_step: the stored sample and x must have one shape"
+            );
+        }
+    }
+    // rounding through the tensor's own dtype is no rounding
+    let storage = storage.filter(|s| *s != x.dtype());
+    let fusable = matches!(storage, None | Some(DType::BF16));
+    let (x, v) = (Route::of(x), Route::of(v));
+    let next = match next {
+        NextSample::Draw { noise, std } => (Route::of(noise), Some(std)),
+        NextSample::Stored(p) => (Route::of(p), None),
+    };
+    if fusable
+        && x.kind() == dispatch::Kind::Flex
+        && v.kind() == dispatch::Kind::Flex
+        && next.0.kind() == dispatch::Kind::Flex
+    {
+        let c32: Vec<f32> = c.iter().map(|v| *v as f32).collect();
+        let std32: Option<Vec<f32>> = next.1.map(|s| s.iter().map(|v| *v as f32).collect());
+        let source = next.0.into_flex();
+        let source = match &std32 {
+            Some(std) => flex_step::NextSample::Draw(source, std),
+            None => flex_step::NextSample::Stored(source),
+        };
+        let (mean, nx, mean_sq) = flex_step::gaussian_step(
+            x.into_flex(),
+            row_scale(a).as_deref(),
+            v.into_flex(),
+            &c32,
+            source,
+            storage.is_some(),
+        );
+        return GaussianStep {
+            mean: dispatch::from_flex(mean),
+            next: dispatch::from_flex(nx),
+            mean_sq: dispatch::from_flex(mean_sq),
+        };
+    }
+    let mean = combine(x.into_tensor(), a, v.into_tensor(), c);
+    let nx = match next {
+        (noise, Some(std)) => {
+            let ones = vec![1.0; batch];
+            combine(mean.clone().detach(), &ones, noise.into_tensor(), std)
+        }
+        (p, None) => p.into_tensor().detach(),
+    };
+    let nx = match storage {
+        Some(s) => round_through(nx, s),
+        None => nx,
+    };
+    let mean_sq = mean_square_residual(nx.clone(), mean.clone());
+    GaussianStep {
+        mean,
+        next: nx,
+        mean_sq,
+    }
 }

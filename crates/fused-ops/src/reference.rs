@@ -77,3 +77,65 @@ pub fn linear<B: Backend, const D: usize>(
         None => base,
     }
 }
+
+/// `t` times one value per sample (`t: [batch, ...]`, `values.len() == batch`): a scalar
+/// multiply when every sample has the same value (none at all when that value is 1), else a
+/// `[batch, 1, ...]` tensor of `t`'s dtype broadcast over the rest.
+pub fn scale_per_sample<B: Backend, const D: usize>(
+    t: Tensor<B, D>,
+    values: &[f64],
+) -> Tensor<B, D> {
+    use burn::tensor::TensorData;
+    let Some(&first) = values.first() else {
+        return t;
+    };
+    if values.iter().all(|v| v.to_bits() == first.to_bits()) {
+        return if first == 1.0 { t } else { t.mul_scalar(first) };
+    }
+    let mut shape = [1usize; D];
+    shape[0] = values.len();
+    let data = TensorData::new(values.to_vec(), shape).convert_dtype(t.dtype());
+    let c = Tensor::from_data(data, (&t.device(), t.dtype()));
+    t.mul(c)
+}
+
+/// `a_b x + c_b v` per sample `b`: [`scale_per_sample`] of each, then an add.
+pub fn combine<B: Backend, const D: usize>(
+    x: Tensor<B, D>,
+    a: &[f64],
+    v: Tensor<B, D>,
+    c: &[f64],
+) -> Tensor<B, D> {
+    scale_per_sample(x, a).add(scale_per_sample(v, c))
+}
+
+/// `mean((p - m)^2)` over every axis but the first: `[batch, ...] -> [batch]`.
+pub fn mean_square_residual<B: Backend, const D: usize>(
+    p: Tensor<B, D>,
+    m: Tensor<B, D>,
+) -> Tensor<B, 1> {
+    let dims = p.dims();
+    let batch = dims[0];
+    let rest: usize = dims[1..].iter().product();
+    let r = p.sub(m);
+    r.clone()
+        .mul(r)
+        .reshape([batch, rest])
+        .mean_dim(1)
+        .reshape([batch])
+}
+
+/// `t` converted to `storage` and back to its own dtype on the host (`TensorData`'s
+/// conversions: round to nearest, ties to even), as a fresh tensor with no autodiff history.
+pub fn round_through<B: Backend, const D: usize>(
+    t: Tensor<B, D>,
+    storage: burn::tensor::DType,
+) -> Tensor<B, D> {
+    let compute = t.dtype();
+    if compute == storage {
+        return t;
+    }
+    let device = t.device();
+    let data = t.into_data().convert_dtype(storage).convert_dtype(compute);
+    Tensor::from_data(data, (&device, compute))
+}

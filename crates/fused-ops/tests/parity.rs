@@ -5,58 +5,17 @@ use burn::backend::{Autodiff, Flex, NdArray};
 use burn::tensor::Bool;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::AttentionModuleOptions;
-use burn::tensor::{Distribution, Tensor, TensorData};
+use burn::tensor::{Tensor, TensorData};
 use fused_ops::{
     LoraTerm, Order, attention, gated_residual, gelu_tanh, layer_norm_modulated, linear, reference,
     relayout, rms_norm, rope,
 };
 use proptest::prelude::*;
 
+mod common;
+use common::{random, worst_rel, worst_scaled};
+
 type Ad = Autodiff<Flex>;
-
-/// The largest `|a - b| / max(1, |b|)`; fails on a NaN in either, or a shape mismatch.
-fn worst_rel<B: Backend, const D: usize>(a: Tensor<B, D>, b: Tensor<B, D>) -> f64 {
-    assert_eq!(a.dims(), b.dims());
-    let a = a.into_data().into_vec::<f32>().unwrap();
-    let b = b.into_data().into_vec::<f32>().unwrap();
-    a.iter().zip(&b).fold(0.0, |worst, (&a, &b)| {
-        assert!(
-            !a.is_nan() && !b.is_nan(),
-            "NaN in a comparison: {a} against {b}"
-        );
-        let e = (a as f64 - b as f64).abs() / (b as f64).abs().max(1.0);
-        if e > worst { e } else { worst }
-    })
-}
-
-/// The largest `|a - b|` over `max(1, largest |b|)`: the error against the tensor's scale;
-/// fails on a NaN in either, or a shape mismatch.
-fn worst_scaled<B: Backend, const D: usize>(a: Tensor<B, D>, b: Tensor<B, D>) -> f64 {
-    assert_eq!(a.dims(), b.dims());
-    let a = a.into_data().into_vec::<f32>().unwrap();
-    let b = b.into_data().into_vec::<f32>().unwrap();
-    let mut scale = 1.0f64;
-    let mut worst = 0.0f64;
-    for (&a, &b) in a.iter().zip(&b) {
-        assert!(
-            !a.is_nan() && !b.is_nan(),
-            "NaN in a comparison: {a} against {b}"
-        );
-        let (a, b) = (a as f64, b as f64);
-        if b.abs() > scale {
-            scale = b.abs();
-        }
-        let e = (a - b).abs();
-        if e > worst {
-            worst = e;
-        }
-    }
-    worst / scale
-}
-
-fn random<B: Backend, const D: usize>(shape: [usize; D], scale: f64) -> Tensor<B, D> {
-    Tensor::random(shape, Distribution::Normal(0.0, scale), &Default::default())
-}
 
 /// Qwen-Image-like tables: per pair `cos a, cos a` and `-sin a, sin a`.
 fn tables<B: Backend>(s: usize, d: usize) -> (Tensor<B, 2>, Tensor<B, 2>) {

@@ -14,7 +14,7 @@ use burn::tensor::{Tensor, backend::Backend};
 
 use crate::output::Transition;
 use crate::precision::{StorageDtype, to_compute};
-use crate::sigmas::{Coef, Sigmas, StepSigmas};
+use crate::sigmas::{Sigmas, StepSigmas};
 use crate::{SdeError, gaussian};
 
 /// Below this noise level the storage round trip is skipped: the transition is then so narrow
@@ -414,31 +414,31 @@ impl Kernel {
         let c_model: Vec<f64> = per_sample.iter().map(|m| m.c_model).collect();
         let std: Vec<f64> = per_sample.iter().map(|m| m.std).collect();
 
-        let mean = Coef::new(&c_sample, &sample)
-            .mul(sample)
-            .add(Coef::new(&c_model, &model_output).mul(model_output));
-
         let storage = if f64::from(self.noise_level()) < ROUND_TRIP_MIN_NOISE {
             StorageDtype::Native
         } else {
             storage
         };
-        let prev_sample = match next {
-            Next::Draw(noise) => {
-                let drawn = mean
-                    .clone()
-                    .detach()
-                    .add(Coef::new(&std, &noise).mul(noise));
-                storage.round_trip(drawn)
-            }
-            Next::Stored(stored) => storage.round_trip(stored),
+        let next = match next {
+            Next::Draw(noise) => fused_ops::NextSample::Draw { noise, std: &std },
+            Next::Stored(stored) => fused_ops::NextSample::Stored(stored),
         };
-
-        // mean_e log N(x'_e; mu_e, s^2) = -mean_e((x' - mu)^2) / (2 s^2) - ln(s) - ln(sqrt(2 pi)):
-        // one pass over the elements instead of materialising the per-element densities
-        // (`Transition::log_prob_elements` gives those on demand).
-        let residual = prev_sample.clone().sub(mean.clone());
-        let mean_sq = gaussian::mean_over_non_batch(residual.clone().mul(residual));
+        // The mean `c_x x + c_v v`, the next sample rounded to storage, and
+        // `mean_e (x' - mu)^2`: one pass on the CPU backend, the same bits as the composition
+        // elsewhere. The log-density `-mean_sq / (2 s^2) - ln(s) - ln(sqrt(2 pi))` then needs
+        // no per-element densities (`Transition::log_prob_elements` gives those on demand).
+        let fused_ops::GaussianStep {
+            mean,
+            next: prev_sample,
+            mean_sq,
+        } = fused_ops::gaussian_step(
+            sample,
+            &c_sample,
+            model_output,
+            &c_model,
+            next,
+            storage.dtype(),
+        );
         let log_prob = gaussian::log_density_from_mean_square(mean_sq, &std);
         let elements: usize = prev_sample.dims()[1..].iter().product();
         let log_density = log_prob.clone().mul_scalar(elements as f64);
@@ -515,10 +515,12 @@ pub fn euler_step<B: Backend, const D: usize>(
     check_same_shape("model_output", &model_output, &sample)?;
     let model_output = to_compute(model_output, "model_output")?;
     let sample = to_compute(sample, "sample")?;
-    let dt: Vec<f64> = at
-        .expand(sample.dims()[0])?
-        .iter()
-        .map(StepSigmas::dt)
-        .collect();
-    Ok(sample.add(Coef::new(&dt, &model_output).mul(model_output)))
+    let batch = sample.dims()[0];
+    let dt: Vec<f64> = at.expand(batch)?.iter().map(StepSigmas::dt).collect();
+    Ok(fused_ops::combine(
+        sample,
+        &vec![1.0; batch],
+        model_output,
+        &dt,
+    ))
 }

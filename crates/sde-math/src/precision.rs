@@ -7,9 +7,10 @@
 //! A rollout stores its trajectory at a storage precision (often `bf16`). Replay then scores the
 //! *stored* sample, so a sampling step must score the same rounded value or the first on-policy
 //! ratio is not 1. [`StorageDtype::round_trip`] simulates that storage: value -> storage dtype ->
-//! compute dtype, rounding to nearest-even exactly like a framework cast. It runs on the host
-//! (`TensorData` conversion), so its bits are identical on every backend, including backends
-//! that have no `bf16` kernels (wgpu).
+//! compute dtype, rounding to nearest-even exactly like a framework cast
+//! ([`fused_ops::round_through`]). It runs on the host (`TensorData` conversion), or for `f32`
+//! to `bf16` on the CPU backend in one pass of the same bits, so its bits are identical on
+//! every backend, including backends that have no `bf16` kernels (wgpu).
 
 use burn::tensor::{DType, FloatDType, Tensor, backend::Backend};
 
@@ -62,9 +63,7 @@ impl StorageDtype {
         if compute == storage {
             return t;
         }
-        let device = t.device();
-        let data = t.into_data().convert_dtype(storage).convert_dtype(compute);
-        Tensor::from_data(data, (&device, compute))
+        fused_ops::round_through(t, storage)
     }
 }
 
