@@ -3,7 +3,7 @@
 //! updates; evaluations excluded), as a Markdown table and a PNG plot.
 //!
 //! ```text
-//! cargo run --release --example compare_algorithms                      # 7 methods x 5 seeds, 600 CPU s each
+//! cargo run --release --example compare_algorithms                      # 8 methods x 5 seeds, 600 CPU s each
 //! cargo run --release --example compare_algorithms -- --methods flow_grpo,nft --seeds 1 --budget 120
 //! cargo run --release --example compare_algorithms -- --reuse           # the table again from finished runs
 //! ```
@@ -40,7 +40,7 @@ struct Args {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "flow_grpo,awm,nft,dpo,dpok,mix_grpo,fdfo"
+        default_value = "flow_grpo,awm,nft,dpo,dpok,grpo_guard,mix_grpo,fdfo"
     )]
     methods: Vec<String>,
     /// Seeds per method.

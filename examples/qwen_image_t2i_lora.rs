@@ -57,7 +57,8 @@ struct Args {
     /// The RL objective: `flow_grpo` (the recipes' own `[algorithm]`), `awm` (Advantage
     /// Weighted Matching with its defaults) or `nft` (DiffusionNFT with its defaults, and
     /// `sampling.eta = 0`: its rollouts are deterministic) or `dpo` (online Flow-DPO, also
-    /// with `sampling.eta = 0`), `dpok` (DPOK's clamped ratio with its KL), `mix_grpo`
+    /// with `sampling.eta = 0`), `dpok` (DPOK's clamped ratio with its KL), `grpo_guard`
+    /// (GRPO-Guard's regulated ratio), `mix_grpo`
     /// (FlowGRPO on MixGRPO's sliding window) or `fdfo` (paired finite differences: pairs from
     /// one x_T with churn noise); `--set algorithm.<key>=...` still applies after it.
     #[arg(long, value_name = "NAME")]

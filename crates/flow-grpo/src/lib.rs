@@ -24,6 +24,8 @@
 //!   negative policies);
 //! * [`diffusion_dpo_loss`] (online Diffusion / Flow-DPO on best-worst pairs);
 //! * [`dpok_loss`] (DPOK's clamped ratio);
+//! * [`grpo_guard_loss`], [`guard_log_ratio`] (GRPO-Guard's regulated ratio: the drift term
+//!   added back and the log-ratio scaled by the transition std);
 //! * [`spo_loss`], [`normalised_difference`] (paired finite differences under SPO's trust
 //!   region);
 //! * [`noised`], [`velocity_target`], [`mean_squared_error`]: the forward process and the
@@ -74,6 +76,7 @@ mod awm;
 mod dpo;
 mod dpok;
 mod error;
+mod guard;
 mod kl;
 mod loss;
 mod matching;
@@ -92,6 +95,7 @@ pub use awm::{AwmWeighting, awm_advantages, awm_log_likelihood};
 pub use dpo::{DpoDiagnostics, DpoLoss, diffusion_dpo_loss};
 pub use dpok::dpok_loss;
 pub use error::{ConfigProblem, FlowGrpoError};
+pub use guard::{grpo_guard_loss, guard_log_ratio};
 pub use kl::{KlForm, KlTerm, kl_to_reference};
 pub use loss::{ClipDiagnostics, ClipLoss, ClipRange, grpo_clip_loss};
 pub use matching::{mean_squared_error, noised, velocity_target};

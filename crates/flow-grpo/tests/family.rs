@@ -7,8 +7,8 @@ use burn::backend::{Autodiff, NdArray};
 use burn::tensor::{Tensor, TensorData, backend::Backend};
 use flow_grpo::{
     AwmWeighting, ClipRange, FlowGrpoError, awm_advantages, awm_log_likelihood, diffusion_dpo_loss,
-    dpok_loss, grpo_clip_loss, mean_squared_error, nft_loss, nft_optimality, noised,
-    normalised_difference, spo_loss, velocity_target,
+    dpok_loss, grpo_clip_loss, grpo_guard_loss, guard_log_ratio, mean_squared_error, nft_loss,
+    nft_optimality, noised, normalised_difference, spo_loss, velocity_target,
 };
 
 type F64 = NdArray<f64>;
@@ -322,6 +322,71 @@ fn dpok_raises_the_log_prob_of_a_rewarded_action() {
         0.0,
     );
     assert!(err.unwrap_err().to_string().contains("DPOK reward weight"));
+}
+
+#[test]
+fn grpo_guard_by_hand() {
+    // lp - lp_old = [-0.5, 0.2], s = [0.1, 0.4], mean drift^2 = [0.002, 0.0]:
+    // g = [-0.05 + 0.01, 0.08 + 0] = [-0.04, 0.08]
+    let g = guard_log_ratio(
+        t2::<F64>(&[-1.5, -0.8], [1, 2]),
+        t2(&[-1.0, -1.0], [1, 2]),
+        t2(&[0.002, 0.0], [1, 2]),
+        t2(&[0.1, 0.4], [1, 2]),
+    )
+    .unwrap();
+    let g = values(g);
+    assert!(
+        (g[0] - -0.04).abs() < 1e-12 && (g[1] - 0.08).abs() < 1e-12,
+        "{g:?}"
+    );
+    // into PPO's clip: ratio exp(g), A = 2, band 1 +- 0.05;
+    // terms max(-A r, -A clip(r)): -2 e^-0.04 (inside) and -2 * 1.05 (clipped above)
+    let out = grpo_guard_loss(
+        t2::<F64>(&[-1.5, -0.8], [1, 2]),
+        t2(&[-1.0, -1.0], [1, 2]),
+        t2(&[0.002, 0.0], [1, 2]),
+        t2(&[0.1, 0.4], [1, 2]),
+        t1(&[2.0]),
+        ClipRange::symmetric(0.05).unwrap(),
+    )
+    .unwrap();
+    let want = (-2.0 * (-0.04f64).exp() + -2.0 * 1.05) / 2.0;
+    assert!((scalar(out.loss) - want).abs() < 1e-12);
+    assert_eq!(out.diagnostics.clip_fraction, 0.5);
+}
+
+#[test]
+fn grpo_guard_moves_the_mean_toward_a_rewarded_action_and_away_from_a_penalised_one() {
+    // a Gaussian policy of mean theta and std s; the stored action; pi_old = the policy now
+    let action = target();
+    let s = 0.5;
+    for (adv, closer) in [(1.0, true), (-1.0, false)] {
+        let after = step(&THETA, 0.1, |p| {
+            let old = p.clone().detach();
+            let log_density = |m: Tensor<AD, 2>| {
+                mean_squared_error(m, t2(&action, [1, 3]))
+                    .unwrap()
+                    .div_scalar(-2.0 * s * s)
+                    .reshape([1, 1])
+            };
+            let lp = log_density(p.clone());
+            let lp_old = log_density(old.clone());
+            let drift = mean_squared_error(p, old).unwrap().reshape([1, 1]);
+            grpo_guard_loss(
+                lp,
+                lp_old,
+                drift,
+                t2(&[s], [1, 1]),
+                t1(&[adv]),
+                ClipRange::symmetric(1e-4).unwrap(),
+            )
+            .unwrap()
+            .loss
+        });
+        let (before, now) = (mse(&THETA, &action), mse(&after, &action));
+        assert_eq!(now < before, closer, "advantage {adv}: {before} -> {now}");
+    }
 }
 
 #[test]

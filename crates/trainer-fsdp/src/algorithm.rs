@@ -19,7 +19,7 @@ use flow_grpo::{
 use crate::config::AnchorSource;
 use crate::error::TrainerError;
 use crate::monitor::{Metrics, names};
-use crate::rollout::{ReferenceFn, replay, replay_terms, scoped_map};
+use crate::rollout::{ReferenceFn, ReplayTerms, replay, replay_terms, scoped_map};
 use crate::run::TrainContext;
 use crate::train::{MicroBatchLoss, UpdateReport, autodiff_replicas};
 use crate::world::World;
@@ -213,20 +213,71 @@ where
     W: World<B>,
     F: Fn(&W::Policy, Range<usize>) -> Result<Tensor<B, 2>, TrainerError> + Sync,
 {
+    let (anchor, _) = record_anchor_with(ctx, policy, |model, mb| {
+        log_probs(model, mb).map(|lp| (lp, ()))
+    })?;
+    Ok(anchor)
+}
+
+/// [`record_anchor`] of `replay(model, micro-batch) = (log-probs, extra)`: the anchor, and
+/// each micro-batch's `extra` in plan order (what else an objective keeps of pi_old).
+pub(crate) fn record_anchor_with<B, W, X, F>(
+    ctx: &TrainContext<'_, B, W>,
+    policy: &W::Policy,
+    replay: F,
+) -> Result<(PolicyAnchor, Vec<X>), TrainerError>
+where
+    B: AutodiffBackend,
+    W: World<B>,
+    X: Send,
+    F: Fn(&W::Policy, Range<usize>) -> Result<(Tensor<B, 2>, X), TrainerError> + Sync,
+{
     let mut recorder = AnchorRecorder::new(ctx.plan);
     let micro: Vec<Range<usize>> = ctx.plan.micro_batches().cloned().collect();
     let threads = ctx.threads.clamp(1, micro.len().max(1));
     let replicas = autodiff_replicas(policy, threads);
+    let mut extras = Vec::with_capacity(micro.len());
     for wave in micro.chunks(threads) {
         let jobs: Vec<(&Range<usize>, &W::Policy)> = wave.iter().zip(&replicas).collect();
-        let lps = scoped_map(&jobs, |(mb, model)| {
-            log_probs(model, (*mb).clone()).map(|lp| lp.detach())
+        let outs = scoped_map(&jobs, |(mb, model)| {
+            replay(model, (*mb).clone()).map(|(lp, x)| (lp.detach(), x))
         });
-        for (mb, lp) in wave.iter().zip(lps) {
-            recorder.record(mb.clone(), lp?)?;
+        for (mb, out) in wave.iter().zip(outs) {
+            let (lp, x) = out?;
+            recorder.record(mb.clone(), lp)?;
+            extras.push(x);
         }
     }
-    Ok(recorder.freeze()?)
+    Ok((recorder.freeze()?, extras))
+}
+
+/// `train/logp_parity_max_abs` of a replayed anchor: the largest difference between the
+/// anchor's log-probs and the sampler's own (a forward without autodiff).
+pub(crate) fn sampler_parity<B, W>(
+    ctx: &TrainContext<'_, B, W>,
+    anchor: &PolicyAnchor,
+) -> Result<Metrics, TrainerError>
+where
+    B: AutodiffBackend,
+    W: World<B>,
+{
+    let plan: &UpdatePlan = ctx.plan;
+    let mut rollout_lp = Vec::new();
+    for traj in &ctx.batch.trajectories {
+        rollout_lp.extend(traj.tracks.log_probs.iter().map(|v| f64::from(*v)));
+    }
+    let anchor_all = anchor.log_probs::<B::InnerBackend>(0..plan.num_samples, ctx.device)?;
+    let parity = log_prob_parity(
+        anchor_all,
+        Tensor::<B::InnerBackend, 2>::from_data(
+            TensorData::new(rollout_lp, [plan.num_samples, ctx.batch.trained.len()]),
+            ctx.device,
+        ),
+    )?;
+    Ok(Metrics::from([(
+        names::TRAIN_LOGP_PARITY_MAX_ABS.to_string(),
+        parity.max_abs_diff,
+    )]))
 }
 
 /// The log-probs `[samples, trained steps]` of rollout samples under the training policy, and
@@ -241,6 +292,24 @@ where
     B: AutodiffBackend,
     W: World<B>,
 {
+    let terms = replay_policy_terms(ctx, policy, samples, with_kl, false)?;
+    Ok((terms.log_probs, terms.kl))
+}
+
+/// [`replay_terms`] of rollout samples under the training policy: the log-probs, with
+/// `with_kl` each transition's KL to the reference policy's, with `with_means` the
+/// transitions' means and stds.
+pub(crate) fn replay_policy_terms<B, W>(
+    ctx: &TrainContext<'_, B, W>,
+    policy: &W::Policy,
+    samples: Range<usize>,
+    with_kl: bool,
+    with_means: bool,
+) -> Result<ReplayTerms<B>, TrainerError>
+where
+    B: AutodiffBackend,
+    W: World<B>,
+{
     let reference = |x: Tensor<B, 3>, sigma: Tensor<B, 1>, cond: &W::Cond<B>| {
         ctx.world.reference_velocity(policy, x, sigma, cond)
     };
@@ -249,6 +318,7 @@ where
     replay_terms(
         policy,
         reference,
+        with_means,
         ctx.spec,
         &ctx.batch.trajectories,
         ctx.batch.group_size(),
@@ -330,22 +400,7 @@ impl<B: AutodiffBackend, W: World<B>> Algorithm<B, W> for FlowGrpo {
         let anchor = record_anchor(ctx, policy, |model, mb| {
             replay_samples::<B, W, B, _>(ctx, model, mb)
         })?;
-        let mut rollout_lp = Vec::new();
-        for traj in &ctx.batch.trajectories {
-            rollout_lp.extend(traj.tracks.log_probs.iter().map(|v| f64::from(*v)));
-        }
-        let anchor_all = anchor.log_probs::<B::InnerBackend>(0..plan.num_samples, ctx.device)?;
-        let parity = log_prob_parity(
-            anchor_all,
-            Tensor::<B::InnerBackend, 2>::from_data(
-                TensorData::new(rollout_lp, [plan.num_samples, ctx.batch.trained.len()]),
-                ctx.device,
-            ),
-        )?;
-        let metrics = Metrics::from([(
-            names::TRAIN_LOGP_PARITY_MAX_ABS.to_string(),
-            parity.max_abs_diff,
-        )]);
+        let metrics = sampler_parity(ctx, &anchor)?;
         Ok((anchor, metrics))
     }
 

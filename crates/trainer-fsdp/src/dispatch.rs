@@ -31,6 +31,7 @@ use crate::config::{AlgorithmPlan, GeneratorSource, Preflight, TrainConfig};
 use crate::dpo::Dpo;
 use crate::error::TrainerError;
 use crate::fdfo::Fdfo;
+use crate::guard::GrpoGuard;
 use crate::nft::Nft;
 use crate::qwen_image_world::QwenImageWorld;
 use crate::run::{Run, RunSummary};
@@ -143,6 +144,9 @@ fn with_algorithm<B: AutodiffBackend, W: World<B>, J: Job<B>>(
         AlgorithmPlan::Nft { .. } => job.run(world, Nft::from_plan(plan).expect("its plan")),
         AlgorithmPlan::Dpo { .. } => job.run(world, Dpo::from_plan(plan).expect("its plan")),
         AlgorithmPlan::Fdfo { .. } => job.run(world, Fdfo::from_plan(plan).expect("its plan")),
+        AlgorithmPlan::GrpoGuard { .. } => {
+            job.run(world, GrpoGuard::from_plan(plan).expect("its plan"))
+        }
     }
 }
 
@@ -176,6 +180,21 @@ impl FromPlan for FlowGrpo {
                     .with_anchor(anchor)
                     .with_kl(kl_coef),
             ),
+            _ => None,
+        }
+    }
+}
+
+impl FromPlan for GrpoGuard {
+    fn from_plan(plan: &AlgorithmPlan) -> Option<Self> {
+        match *plan {
+            AlgorithmPlan::GrpoGuard {
+                clip_range,
+                kl_coef,
+            } => Some(GrpoGuard {
+                clip: clip_range,
+                kl_coef,
+            }),
             _ => None,
         }
     }

@@ -409,6 +409,18 @@ pub enum TrainerError {
         expected: Vec<usize>,
     },
 
+    /// An update asked the frozen anchor for samples it did not record (an anchor keeps the
+    /// plan's micro-batches).
+    #[error(
+        "the frozen anchor has no record of samples {start}..{end}: the updates' micro-batches must be the plan's"
+    )]
+    AnchorRange {
+        /// The first sample asked for.
+        start: usize,
+        /// One past the last.
+        end: usize,
+    },
+
     /// A JSON file could not be written or parsed.
     #[error("{path} is not valid JSON for {what}")]
     Json {

@@ -57,6 +57,7 @@ mod error;
 pub mod export;
 pub mod fdfo;
 mod forward;
+pub mod guard;
 pub mod lr;
 pub mod monitor;
 pub mod nft;
@@ -94,6 +95,7 @@ pub use config::{
 pub use dpo::Dpo;
 pub use error::{CheckpointProblem, DrawingProblem, TrainerError};
 pub use fdfo::Fdfo;
+pub use guard::GrpoGuard;
 pub use lr::{LrDecay, LrSchedule, LrScheduler};
 pub use monitor::{
     Axes, Event, EventWriter, JsonlWriter, Metrics, MetricsCursor, MetricsRecord, Monitor,

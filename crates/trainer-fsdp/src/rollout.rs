@@ -285,9 +285,10 @@ where
     R: Fn(&Trajectory, usize) -> Result<M::Conditioning, TrainerError>,
 {
     let no_reference: Option<&ReferenceFn<'_, Bx, M::Conditioning>> = None;
-    let (log_probs, _) = replay_terms(
+    let terms = replay_terms(
         model,
         no_reference,
+        false,
         spec,
         trajectories,
         group_size,
@@ -295,7 +296,7 @@ where
         restore,
         device,
     )?;
-    Ok(log_probs)
+    Ok(terms.log_probs)
 }
 
 /// The stored trained-step points of a range of a rollout's samples, step-major (row
@@ -392,10 +393,23 @@ where
 pub type ReferenceFn<'a, Bx, C> =
     dyn Fn(Tensor<Bx, 3>, Tensor<Bx, 1>, &C) -> Result<Tensor<Bx, 3>, TrainerError> + Sync + 'a;
 
+/// What [`replay_terms`] gives.
+pub struct ReplayTerms<Bx: Backend> {
+    /// The log-probs, `[samples, trained steps]`, differentiable.
+    pub log_probs: Tensor<Bx, 2>,
+    /// With a reference: each transition's KL to the reference policy's, `[samples, steps]`.
+    pub kl: Option<Tensor<Bx, 2>>,
+    /// With `with_means`: every replayed transition's mean, step-major
+    /// (`[steps * samples, tokens, channels]`, row `s * n + i` is sample `i` at trained step
+    /// `s`), differentiable, and each transition's std, `[samples, steps]`.
+    pub means: Option<(Tensor<Bx, 3>, Tensor<Bx, 2>)>,
+}
+
 /// [`replay`], and with a `reference` also flow_grpo's KL of every replayed transition to the
 /// reference policy's transition at the same stored step, `[samples, trained steps]`
 /// ([`flow_grpo::KlForm::FlowGrpoReference`]: `mean((mu - mu_ref)^2) / (2 std_dev_t^2)`, the
-/// released `kl_coef` scale), differentiable through the policy's mean.
+/// released `kl_coef` scale), differentiable through the policy's mean; with `with_means`
+/// also the transitions' means and stds ([`ReplayTerms::means`]).
 ///
 /// # Errors
 /// As [`replay`]; the reference's own errors; KL shape errors.
@@ -403,13 +417,14 @@ pub type ReferenceFn<'a, Bx, C> =
 pub fn replay_terms<Bx, M, R>(
     model: &M,
     reference: Option<&ReferenceFn<'_, Bx, M::Conditioning>>,
+    with_means: bool,
     spec: &SamplerSpec,
     trajectories: &[Trajectory],
     group_size: usize,
     samples: Range<usize>,
     restore: R,
     device: &Bx::Device,
-) -> Result<(Tensor<Bx, 2>, Option<Tensor<Bx, 2>>), TrainerError>
+) -> Result<ReplayTerms<Bx>, TrainerError>
 where
     Bx: Backend,
     M: VelocityModel<Bx>,
@@ -425,7 +440,17 @@ where
                 .map_or(0, |t| t.common.sde_indices.len()),
         );
         let kl = reference.map(|_| Tensor::zeros([n, steps], device));
-        return Ok((Tensor::zeros([n, steps], device), kl));
+        let means = with_means.then(|| {
+            (
+                Tensor::zeros([n * steps, 1, 1], device),
+                Tensor::zeros([n, steps], device),
+            )
+        });
+        return Ok(ReplayTerms {
+            log_probs: Tensor::zeros([n, steps], device),
+            kl,
+            means,
+        });
     };
     let StoredPoints {
         n,
@@ -443,6 +468,8 @@ where
     };
     let mut cols = Vec::with_capacity(steps);
     let mut kl_cols = Vec::with_capacity(steps);
+    let mut means = Vec::with_capacity(if with_means { steps } else { 0 });
+    let mut stds = Vec::with_capacity(if with_means { steps * n } else { 0 });
     for (s, sg) in step_sigmas.into_iter().enumerate() {
         let at = sg.into();
         let rows = |t: &Tensor<Bx, 3>| t.clone().narrow(0, s * n, n);
@@ -462,8 +489,21 @@ where
                 flow_grpo::kl_to_reference(&out, &out_ref, flow_grpo::KlForm::FlowGrpoReference)?;
             kl_cols.push(kl.per_sample.unsqueeze_dim(1));
         }
+        if with_means {
+            means.push(out.mean.clone());
+            stds.extend(out.std.iter().copied());
+        }
         cols.push(out.log_prob.unsqueeze_dim(1));
     }
     let kl = v_ref.map(|_| Tensor::cat(kl_cols, 1));
-    Ok((Tensor::cat(cols, 1), kl))
+    let means = with_means.then(|| {
+        // `stds` is step-major; the matrix is `[samples, steps]`
+        let std = Tensor::<Bx, 2>::from_data(TensorData::new(stds, [steps, n]), device);
+        (Tensor::cat(means, 0), std.swap_dims(0, 1))
+    });
+    Ok(ReplayTerms {
+        log_probs: Tensor::cat(cols, 1),
+        kl,
+        means,
+    })
 }

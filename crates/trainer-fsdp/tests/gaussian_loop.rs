@@ -516,6 +516,44 @@ fn dpok_trains_with_its_clamped_ratio() {
     );
 }
 
+/// GRPO-Guard through FlowGRPO's replay: the regulated ratio against the replayed anchor
+/// (its log-probs and transition means); the held-out reward rises, and the anchor agrees
+/// with the sampler's log-probs.
+fn grpo_guard_trains_with_its_regulated_ratio() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut run = start_guard(dir.path(), ROLLOUTS, &[]);
+    assert_eq!(
+        trainer_fsdp::Algorithm::<Train, GaussianWorld>::name(run.algorithm()),
+        "GRPO-Guard"
+    );
+    let summary = run.run(&StopFlag::new()).unwrap();
+    let (a, b) = (summary.initial_eval.unwrap(), summary.final_eval.unwrap());
+    assert!(
+        b.reward > a.reward + 0.3 && b.reward - a.reward > 5.0 * b.stderr.max(a.stderr),
+        "GRPO-Guard: held-out closeness {:.3} ± {:.3} -> {:.3} ± {:.3} did not rise",
+        a.reward,
+        a.stderr,
+        b.reward,
+        b.stderr
+    );
+    let records = read_jsonl(&dir.path().join("run").join("metrics.jsonl")).unwrap();
+    let parity: Vec<f64> = records
+        .iter()
+        .filter_map(|r| {
+            r.metrics
+                .get(names::TRAIN_LOGP_PARITY_MAX_ABS)
+                .copied()
+                .flatten()
+        })
+        .collect();
+    assert_eq!(parity.len() as u64, ROLLOUTS);
+    assert!(parity.iter().all(|p| *p < 1e-5), "{parity:?}");
+    println!(
+        "test grpo_guard_trains_with_its_regulated_ratio ... ok (held-out closeness {:.3} ± {:.3} -> {:.3} ± {:.3})",
+        a.reward, a.stderr, b.reward, b.stderr
+    );
+}
+
 /// `run.cpu_budget_seconds`: a run whose budget is spent after its first rollout stops
 /// there, evaluated and checkpointed, and every rollout logs `perf/train_cpu_seconds`.
 fn the_cpu_budget_ends_the_run_with_an_evaluation() {
@@ -1113,7 +1151,7 @@ fn a_failing_machine_ends_the_other() {
 
 /// Every test, in order; `GAUSSIAN_ONLY=<part of a name>` runs the matching ones alone.
 fn parent() {
-    let tests: [(&str, fn()); 20] = [
+    let tests: [(&str, fn()); 21] = [
         ("the_reward_rises", the_reward_rises),
         ("two_ranks_train_as_one", two_ranks_train_as_one),
         (
@@ -1155,6 +1193,10 @@ fn parent() {
         (
             "dpok_trains_with_its_clamped_ratio",
             dpok_trains_with_its_clamped_ratio,
+        ),
+        (
+            "grpo_guard_trains_with_its_regulated_ratio",
+            grpo_guard_trains_with_its_regulated_ratio,
         ),
         (
             "dpo_trains_on_each_groups_best_and_worst",

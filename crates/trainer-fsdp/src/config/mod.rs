@@ -20,7 +20,7 @@
 //!              strategy, at_end, span })
 //! [rollout]    prompts_per_rollout, group_size, num_updates_per_batch, micro_batch_size,
 //!              shared_initial_noise
-//! [algorithm]  kind = "flow_grpo" | "awm" | "nft" | "dpo" | "dpok" | "fdfo", and the variant's keys — FlowGRPO: eps_clip,
+//! [algorithm]  kind = "flow_grpo" | "awm" | "nft" | "dpo" | "dpok" | "grpo_guard" | "fdfo", and the variant's keys — FlowGRPO: eps_clip,
 //!              eps_clip_high (optional), advantage_std_mode, kl_coef, anchor ("replay" |
 //!              "rollout", optional); AWM (all optional): eps_clip, eps_clip_high,
 //!              advantage_std_mode, advantage_limit, weighting ("uniform" | "huber"),
@@ -28,6 +28,8 @@
 //!              advantage_std_mode, advantage_limit, soft_update ("ramp" |
 //!              "flat_then_ramp"), kl_coef; online DPO (optional): beta; DPOK (all
 //!              optional): eps_clip, reward_weight, kl_coef, advantage_std_mode, anchor;
+//!              GRPO-Guard (all optional): eps_clip, eps_clip_high, advantage_std_mode,
+//!              kl_coef;
 //!              FDFO (optional): eps, advantage_std_mode
 //! [ema]        decay, warmup ("none" | "flow_grpo" | "linear"), ramp (with "linear"),
 //!              update_interval: the EMA of the trained weights that evaluations sample with
@@ -621,6 +623,10 @@ pub enum AlgorithmSection {
     /// `kind = "dpok"`: DPOK's clamped-ratio policy gradient over the trained SDE steps, with
     /// its reward weight and KL to the reference policy (FlowGRPO's replay and anchor).
     Dpok(DpokSection),
+    /// `kind = "grpo_guard"`: GRPO-Guard, FlowGRPO's replay with the regulated ratio (the
+    /// mean's drift added back to the log-ratio, scaled by the transition std) in PPO's clip
+    /// ([`crate::GrpoGuard`]).
+    GrpoGuard(GrpoGuardSection),
     /// `kind = "fdfo"`: paired finite differences, each pair's reward difference turned into
     /// targets for its stored velocities under SPO's trust region ([`crate::Fdfo`]); needs
     /// pairs (`rollout.group_size = 2`) from one `x_T` with churn noise.
@@ -636,6 +642,7 @@ impl AlgorithmSection {
             AlgorithmSection::Nft(_) => "nft",
             AlgorithmSection::Dpo(_) => "dpo",
             AlgorithmSection::Dpok(_) => "dpok",
+            AlgorithmSection::GrpoGuard(_) => "grpo_guard",
             AlgorithmSection::Fdfo(_) => "fdfo",
         }
     }
@@ -649,6 +656,7 @@ impl AlgorithmSection {
             // the advantages only rank a group's samples: any positive divisor ranks alike
             AlgorithmSection::Dpo(_) => AdvantageStdMode::Group,
             AlgorithmSection::Dpok(a) => a.advantage_std_mode,
+            AlgorithmSection::GrpoGuard(a) => a.advantage_std_mode,
             AlgorithmSection::Fdfo(a) => a.advantage_std_mode,
         }
     }
@@ -865,9 +873,62 @@ impl Default for DpokSection {
     }
 }
 
+/// GRPO-Guard's keys of `[algorithm]`; every key has a default, so
+/// `algorithm = { kind = "grpo_guard" }` is a complete section. The pi_old anchor is always
+/// the replayed one: the regulated ratio needs pi_old's transition means, which the replay
+/// records.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GrpoGuardSection {
+    /// PPO clip range of the regulated ratio (default 1e-4, FlowGRPO's). The regulated
+    /// log-ratio is the plain one's drift-free part times the transition std (below 1), so the
+    /// same band clips less often than FlowGRPO's.
+    #[serde(default = "GrpoGuardSection::default_eps_clip")]
+    pub eps_clip: f64,
+    /// Optional asymmetric upper clip.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eps_clip_high: Option<f64>,
+    /// The std divisor of the group-relative advantages (default `group`).
+    #[serde(default = "GrpoGuardSection::default_std_mode")]
+    pub advantage_std_mode: AdvantageStdMode,
+    /// The weight of the KL of every trained transition to the reference policy's, as
+    /// FlowGRPO's `kl_coef` (default 0).
+    #[serde(default)]
+    pub kl_coef: f64,
+}
+
+impl GrpoGuardSection {
+    fn default_eps_clip() -> f64 {
+        1e-4
+    }
+
+    fn default_std_mode() -> AdvantageStdMode {
+        AdvantageStdMode::Group
+    }
+}
+
+impl Default for GrpoGuardSection {
+    fn default() -> Self {
+        Self {
+            eps_clip: Self::default_eps_clip(),
+            eps_clip_high: None,
+            advantage_std_mode: Self::default_std_mode(),
+            kl_coef: 0.0,
+        }
+    }
+}
+
 /// The algorithm names the examples' `--algorithm` takes.
-pub const ALGORITHM_NAMES: &[&str] =
-    &["flow_grpo", "awm", "nft", "dpo", "dpok", "mix_grpo", "fdfo"];
+pub const ALGORITHM_NAMES: &[&str] = &[
+    "flow_grpo",
+    "awm",
+    "nft",
+    "dpo",
+    "dpok",
+    "grpo_guard",
+    "mix_grpo",
+    "fdfo",
+];
 
 /// The overrides that select algorithm `name` on top of a recipe: its `[algorithm]` section
 /// with the variant's defaults, and `sampling.eta = 0` for the objectives on deterministic
@@ -893,7 +954,7 @@ pub fn algorithm_overrides(name: &str) -> Result<Vec<Override>, TrainerError> {
     let section = |kind: &str| Override::parse(&format!("algorithm={{ kind = \"{kind}\" }}"));
     match name {
         "flow_grpo" => Ok(Vec::new()),
-        "awm" | "dpok" => Ok(vec![section(name)?]),
+        "awm" | "dpok" | "grpo_guard" => Ok(vec![section(name)?]),
         "nft" | "dpo" => Ok(vec![section(name)?, Override::parse("sampling.eta=0.0")?]),
         "fdfo" => {
             let mut o = vec![section(name)?];

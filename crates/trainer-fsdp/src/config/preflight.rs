@@ -776,6 +776,25 @@ fn check_algorithm(a: &AlgorithmSection, p: &mut Vec<PreflightProblem>) -> Optio
                 anchor: d.anchor,
             })
         }
+        AlgorithmSection::GrpoGuard(g) => {
+            let clip_range = check_clip_range(
+                g.eps_clip,
+                g.eps_clip_high,
+                false,
+                "a finite value in (0, 1) (FlowGRPO uses 1e-4)",
+                p,
+            );
+            let kl_coef = check_kl_coef(
+                "algorithm.kl_coef",
+                g.kl_coef,
+                "a finite value >= 0 (flow_grpo uses 0.04 on GenEval, 0 on PickScore)",
+                p,
+            );
+            Some(AlgorithmPlan::GrpoGuard {
+                clip_range: clip_range?,
+                kl_coef: kl_coef?,
+            })
+        }
         AlgorithmSection::Dpo(d) => {
             if d.beta.is_finite() && d.beta > 0.0 {
                 Some(AlgorithmPlan::Dpo { beta: d.beta })
@@ -1181,6 +1200,13 @@ pub enum AlgorithmPlan {
         kl_coef: f64,
         /// Where pi_old comes from.
         anchor: AnchorSource,
+    },
+    /// GRPO-Guard.
+    GrpoGuard {
+        /// The PPO band of the regulated ratio.
+        clip_range: ClipRange,
+        /// The weight of the transitions' KL to the reference policy.
+        kl_coef: f64,
     },
     /// Online Diffusion / Flow-DPO.
     Dpo {

@@ -264,10 +264,11 @@ fn no_silent_defaults_and_no_unknown_keys() {
 
     // an unknown algorithm kind names the known ones
     let err = TrainConfig::qwen_image_t2i_lora()
-        .with_overrides(&[Override::parse("algorithm.kind=grpo_guard").unwrap()])
+        .with_overrides(&[Override::parse("algorithm.kind=ppo").unwrap()])
         .unwrap_err();
     let msg = err.to_string();
     for kind in [
+        "ppo",
         "grpo_guard",
         "flow_grpo",
         "awm",

@@ -552,6 +552,14 @@ pub fn start_fdfo(root: &Path, rollouts: u64, extra: &[&str]) -> FdfoRun {
     start_with(root, rollouts, "fdfo", extra)
 }
 
+/// The Gaussian-world run under GRPO-Guard.
+pub type GuardRun = Run<Train, GaussianWorld, trainer_fsdp::GrpoGuard, LocalWorkers>;
+
+/// A GRPO-Guard run with its defaults, then `extra`.
+pub fn start_guard(root: &Path, rollouts: u64, extra: &[&str]) -> GuardRun {
+    start_with(root, rollouts, "grpo_guard", extra)
+}
+
 /// The offset of a run's EMA copy (`[ema]`).
 pub fn ema_delta<A: trainer_fsdp::Algorithm<Train, GaussianWorld>>(
     run: &Run<Train, GaussianWorld, A, LocalWorkers>,
