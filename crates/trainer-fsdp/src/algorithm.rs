@@ -19,7 +19,7 @@ use flow_grpo::{
 use crate::config::AnchorSource;
 use crate::error::TrainerError;
 use crate::monitor::{Metrics, names};
-use crate::rollout::{ReferenceFn, ReplayTerms, replay, replay_terms, scoped_map};
+use crate::rollout::{ReferenceFn, ReplayTerms, pool_map, replay, replay_terms};
 use crate::run::TrainContext;
 use crate::train::{MicroBatchLoss, UpdateReport, autodiff_replicas};
 use crate::world::World;
@@ -239,7 +239,7 @@ where
     let mut extras = Vec::with_capacity(micro.len());
     for wave in micro.chunks(threads) {
         let jobs: Vec<(&Range<usize>, &W::Policy)> = wave.iter().zip(&replicas).collect();
-        let outs = scoped_map(&jobs, |(mb, model)| {
+        let outs = pool_map(&jobs, |(mb, model)| {
             replay(model, (*mb).clone()).map(|(lp, x)| (lp.detach(), x))
         });
         for (mb, out) in wave.iter().zip(outs) {

@@ -170,23 +170,18 @@ pub fn concat_rollouts<B: Backend>(parts: Vec<BatchRollout<B>>) -> BatchRollout<
     }
 }
 
-/// `f` of every item, each on its own scoped thread, in item order (the loop's host
-/// parallelism: one small forward keeps about one core of a CPU backend busy).
+/// `f` of every item, in item order, the items spread over rayon's pool (the loop's host
+/// parallelism: one small forward keeps about one core of a CPU backend busy). The pool's
+/// threads outlive the call, so their allocator heaps do too: a thread per item and call
+/// made the allocator abandon each thread's pages when it ended, and the kernel zero fresh
+/// ones for the next (`docs/PERFORMANCE.md`).
 ///
 /// # Panics
 /// Re-raises a worker's panic.
-pub fn scoped_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+pub fn pool_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    use rayon::prelude::*;
     let f = &f;
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = items
-            .iter()
-            .map(|item| scope.spawn(move || f(item)))
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
-            .collect()
-    })
+    items.par_iter().with_max_len(1).map(f).collect()
 }
 
 /// Splits `0..n` into at most `parts` contiguous, nearly equal, non-empty ranges.
@@ -230,7 +225,7 @@ where
     F: Fn(usize, Range<usize>) -> Result<Tensor<Bx, 3>, TrainerError> + Sync,
 {
     let ranges = chunk_ranges(x_t.dims()[0], threads);
-    let parts = scoped_map(&ranges, |r| {
+    let parts = pool_map(&ranges, |r| {
         let x = x_t.clone().slice([r.clone()]);
         let c = cond.slice_rows(r.clone());
         sample_batch(model, &c, x, spec, trained, |step| noise(step, r.clone()))

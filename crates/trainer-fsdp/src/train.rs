@@ -34,7 +34,7 @@ use crate::config::{AdamWSettings, MasterDtype};
 use crate::error::TrainerError;
 use crate::lr::{LrSchedule, LrScheduler};
 use crate::monitor::{Metrics, names};
-use crate::rollout::scoped_map;
+use crate::rollout::pool_map;
 use crate::workers::Workers;
 
 /// Group-relative advantages of one scored rollout (flow-grpo's [`compute_advantages`]).
@@ -594,7 +594,7 @@ where
     let replicas = autodiff_replicas(&model, threads.min(indexed.len()));
     for wave in indexed.chunks(threads) {
         let jobs: Vec<(&(usize, Range<usize>), &M)> = wave.iter().zip(&replicas).collect();
-        let results = scoped_map(&jobs, |((i, mb), model)| {
+        let results = pool_map(&jobs, |((i, mb), model)| {
             micro_batch_grads(*model, update, *i, mb.clone(), &mut |m: &M, s| {
                 loss_fn(m, s)
             })
