@@ -521,8 +521,12 @@ pub struct SamplingSection {
 /// `sampling.sde_window`: MixGRPO's sliding window (`schedule::SlidingWindow`): `size`
 /// consecutive trained steps, the window starting at the span's first step and moving by
 /// `stride` steps every `shift_interval` rollouts (`"progressive"`), or to a random start
-/// every `shift_interval` rollouts (`"random"`, drawn from `run.seed` and the interval);
-/// past the last full window it stays there (`"clip"`) or starts over (`"roll_back"`).
+/// every `shift_interval` rollouts (`"random"`, drawn from `run.seed` and the interval), or
+/// with an interval that shrinks as the window moves: linearly from `shift_interval` at the
+/// first start to `min_interval` at the last (`"decay"`), or as
+/// `ceil(shift_interval * exp(-decay_k * max(0, start - decay_threshold)))` (`"exp_decay"`,
+/// MixGRPO's `k = 0.1` and threshold 13 by default); past the last full window it stays there
+/// (`"clip"`) or starts over (`"roll_back"`). A key its strategy does not use is refused.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SdeWindowSection {
@@ -532,7 +536,7 @@ pub struct SdeWindowSection {
     pub stride: usize,
     /// Rollouts spent at one window position (MixGRPO's `iters_per_group`).
     pub shift_interval: u64,
-    /// `"progressive"` (default) or `"random"`.
+    /// `"progressive"` (default), `"random"`, `"decay"` or `"exp_decay"`.
     #[serde(default)]
     pub strategy: WindowStrategyKind,
     /// `"clip"` (default) or `"roll_back"`.
@@ -542,6 +546,17 @@ pub struct SdeWindowSection {
     /// leaving the singular first step and the last one out).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub span: Option<[usize; 2]>,
+    /// `"decay"` only, and required there: the interval at the last window start
+    /// (MixGRPO's `min_iters_per_group`; `shift_interval` is the one at the first).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_interval: Option<u64>,
+    /// `"exp_decay"` only: the decay rate `k >= 0` (default MixGRPO's 0.1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decay_k: Option<f64>,
+    /// `"exp_decay"` only: the window start (a denoising step) after which the interval
+    /// decays (default MixGRPO's 13, which a schedule of 14 steps or fewer never passes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decay_threshold: Option<usize>,
 }
 
 /// `sampling.sde_window.strategy`.
@@ -553,6 +568,10 @@ pub enum WindowStrategyKind {
     Progressive,
     /// A random full-window start every `shift_interval` rollouts.
     Random,
+    /// Like `progressive`, the interval shrinking linearly to `min_interval`.
+    Decay,
+    /// Like `progressive`, the interval decaying exponentially past `decay_threshold`.
+    ExpDecay,
 }
 
 /// `sampling.sde_window.at_end`.

@@ -857,6 +857,32 @@ impl TrainConfig {
             Some([a, b]) => a..b,
             None => 1..n.saturating_sub(1),
         };
+        let used: [(&'static str, bool, bool); 3] = [
+            (
+                "sampling.sde_window.min_interval",
+                w.min_interval.is_some(),
+                w.strategy == WindowStrategyKind::Decay,
+            ),
+            (
+                "sampling.sde_window.decay_k",
+                w.decay_k.is_some(),
+                w.strategy == WindowStrategyKind::ExpDecay,
+            ),
+            (
+                "sampling.sde_window.decay_threshold",
+                w.decay_threshold.is_some(),
+                w.strategy == WindowStrategyKind::ExpDecay,
+            ),
+        ];
+        for (key, set, uses) in used {
+            if set && !uses {
+                p.push(PreflightProblem::OutOfRange {
+                    key,
+                    given: "set".into(),
+                    allowed: "absent: only its own strategy reads it (min_interval: \"decay\"; decay_k, decay_threshold: \"exp_decay\")",
+                });
+            }
+        }
         let strategy = match w.strategy {
             WindowStrategyKind::Progressive => WindowStrategy::Progressive {
                 shift_interval: w.shift_interval,
@@ -864,6 +890,26 @@ impl TrainConfig {
             WindowStrategyKind::Random => WindowStrategy::Random {
                 shift_interval: w.shift_interval,
                 seed: self.run.seed,
+            },
+            WindowStrategyKind::Decay => {
+                if w.min_interval.is_none() {
+                    p.push(PreflightProblem::OutOfRange {
+                        key: "sampling.sde_window.min_interval",
+                        given: "absent".into(),
+                        allowed: "an integer in [1, shift_interval] with strategy = \"decay\" (the interval at the last window)",
+                    });
+                }
+                WindowStrategy::Decay {
+                    max_interval: w.shift_interval,
+                    min_interval: w.min_interval.unwrap_or(1),
+                }
+            }
+            WindowStrategyKind::ExpDecay => WindowStrategy::ExpDecay {
+                shift_interval: w.shift_interval,
+                k: w.decay_k.unwrap_or(WindowStrategy::EXP_DECAY_K),
+                threshold: w
+                    .decay_threshold
+                    .unwrap_or(WindowStrategy::EXP_DECAY_THRESHOLD),
             },
         };
         let at_end = match w.at_end {

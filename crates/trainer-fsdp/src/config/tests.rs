@@ -799,6 +799,72 @@ fn the_sliding_window_and_the_mix_grpo_preset() {
     assert!(text.iter().any(|p| p.contains("span")), "{text:?}");
 }
 
+/// MixGRPO's shrinking intervals: `"decay"` (linear, to `min_interval`) and `"exp_decay"`
+/// (past `decay_threshold`); a key another strategy reads is refused by name, and `"decay"`
+/// without its `min_interval` too.
+#[test]
+fn the_sliding_window_decay_strategies() {
+    let with = |window: &str| {
+        let mut o = algorithm_overrides("mix_grpo").unwrap();
+        o.extend(Override::parse_all(&[format!("sampling.sde_window={window}")]).unwrap());
+        TrainConfig::from_recipe(RecipeName::ShapesWorldLora, &o).unwrap()
+    };
+    let starts = |window: &str, rollouts: u64| -> Vec<usize> {
+        let p = with(window).preflight().unwrap();
+        (0..rollouts)
+            .map(|r| p.plan.steps(PlanQuery::rollout(r)).unwrap().as_slice()[0])
+            .collect()
+    };
+    // 12 steps, span [1, 11), size 2: starts 1..=9; the interval falls from 4 to 1 linearly
+    // (4, 3, 3, 2, 2, 2, 1, 1, 1 by floor(4 (1 - p) + p), p = (start - 1) / 8)
+    let linear = starts(
+        "{ size = 2, stride = 1, shift_interval = 4, strategy = \"decay\", min_interval = 1 }",
+        19,
+    );
+    assert_eq!(
+        linear,
+        [1, 1, 1, 1, 2, 2, 2, 3, 3, 3, 4, 4, 5, 5, 6, 6, 7, 8, 9]
+    );
+    // exp_decay past start 4 with k = 1: intervals 4 up to start 4, then ceil(4 / e) = 2, 1, 1
+    let exp = starts(
+        "{ size = 2, stride = 1, shift_interval = 4, strategy = \"exp_decay\", decay_k = 1.0, decay_threshold = 4 }",
+        20,
+    );
+    assert_eq!(
+        exp,
+        [1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3, 4, 4, 4, 4, 5, 5, 6, 7]
+    );
+    // MixGRPO's own threshold (13) is never passed by a 12-step schedule: progressive's walk
+    let default_exp = starts(
+        "{ size = 2, stride = 1, shift_interval = 2, strategy = \"exp_decay\" }",
+        10,
+    );
+    assert_eq!(default_exp, [1, 1, 2, 2, 3, 3, 4, 4, 5, 5]);
+    // keys of another strategy, and decay without its minimum
+    let text = problems(&with(
+        "{ size = 2, stride = 1, shift_interval = 4, min_interval = 2, decay_k = 0.1, decay_threshold = 3 }",
+    ));
+    for key in ["min_interval", "decay_k", "decay_threshold"] {
+        assert!(
+            text.iter()
+                .any(|p| p.contains(&format!("sampling.sde_window.{key}"))),
+            "{key}: {text:?}"
+        );
+    }
+    let text = problems(&with(
+        "{ size = 2, stride = 1, shift_interval = 4, strategy = \"decay\" }",
+    ));
+    assert!(
+        text.iter()
+            .any(|p| p.contains("min_interval") && p.contains("absent")),
+        "{text:?}"
+    );
+    let text = problems(&with(
+        "{ size = 2, stride = 1, shift_interval = 2, strategy = \"decay\", min_interval = 3 }",
+    ));
+    assert!(text.iter().any(|p| p.contains("max_interval")), "{text:?}");
+}
+
 /// The solver names of fingerprints and banners are the ones a config is written with.
 #[test]
 fn solver_names_are_the_config_spelling() {
