@@ -40,7 +40,7 @@ struct Args {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "flow_grpo,awm,nft,dpo,dpok,grpo_guard,mix_grpo,fdfo"
+        default_value = "flow_grpo,awm,nft,dpo,dpok,grpo_guard,mix_grpo,dance_grpo,flow_grpo_fast,fdfo"
     )]
     methods: Vec<String>,
     /// Seeds per method.

@@ -19,7 +19,7 @@ use flow_grpo::{
 use crate::config::AnchorSource;
 use crate::error::TrainerError;
 use crate::monitor::{Metrics, names};
-use crate::rollout::{ReferenceFn, ReplayTerms, pool_map, replay, replay_terms};
+use crate::rollout::{ReferenceFn, ReplayTerms, StepColumns, pool_map, replay, replay_terms};
 use crate::run::TrainContext;
 use crate::train::{MicroBatchLoss, UpdateReport, autodiff_replicas};
 use crate::world::World;
@@ -120,6 +120,49 @@ pub struct FlowGrpo {
     /// (flow_grpo's `kl_coef`, its closed form over the transition means; 0: no term, and no
     /// reference forward).
     pub kl_coef: f64,
+    /// DanceGRPO's per-sample random subset of the rollout's trained steps; `None`: every
+    /// sample trains every trained step.
+    pub timestep_subset: Option<TimestepSubset>,
+}
+
+/// DanceGRPO's timestep subset: each sample of a rollout trains its own random
+/// `floor(fraction * trained steps)` of the rollout's trained steps (the release's
+/// `randperm` per sample, truncated by `--timestep_fraction`), drawn from a stream keyed by
+/// `(seed, rollout id, sample index)` (`schedule::RandomSubset` over the positions), so the
+/// anchor and every update of the rollout replay the same subsets, and a resumed run draws
+/// what an uninterrupted one does.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TimestepSubset {
+    /// The kept fraction, in `(0, 1]` (DanceGRPO: 0.6).
+    pub fraction: f64,
+    /// The seed of the draws (the run's).
+    pub seed: u64,
+}
+
+impl TimestepSubset {
+    /// Per sample of `samples` (group-major indices of rollout `rollout_id`), the positions
+    /// among the rollout's `stored` trained steps it trains, ascending.
+    ///
+    /// # Errors
+    /// [`TrainerError::Schedule`] when the fraction keeps no step of `stored`, or is outside
+    /// `(0, 1]`.
+    pub fn positions(
+        &self,
+        stored: usize,
+        rollout_id: u64,
+        samples: Range<usize>,
+    ) -> Result<Vec<Vec<usize>>, TrainerError> {
+        use schedule::{PlanQuery, SdeStepPlan};
+        let plan = schedule::RandomSubset::new(stored, 0..stored, self.fraction, self.seed)
+            .map_err(|e| TrainerError::Schedule(Box::new(e)))?;
+        samples
+            .map(|i| {
+                plan.steps(PlanQuery::rollout(rollout_id).with_sample(i as u64))
+                    .map(|s| s.as_slice().to_vec())
+                    .map_err(|e| TrainerError::Schedule(Box::new(e)))
+            })
+            .collect()
+    }
 }
 
 /// The objective a likelihood ratio of the trained transitions goes into.
@@ -144,6 +187,7 @@ impl FlowGrpo {
             objective: RatioObjective::PpoClip,
             anchor: AnchorSource::Replay,
             kl_coef: 0.0,
+            timestep_subset: None,
         }
     }
 
@@ -163,6 +207,58 @@ impl FlowGrpo {
     /// The same objective with the KL to the reference policy weighted by `kl_coef`.
     pub fn with_kl(self, kl_coef: f64) -> Self {
         Self { kl_coef, ..self }
+    }
+
+    /// The same objective on DanceGRPO's per-sample timestep subsets.
+    pub fn with_timestep_subset(self, subset: TimestepSubset) -> Self {
+        Self {
+            timestep_subset: Some(subset),
+            ..self
+        }
+    }
+
+    /// The positions each sample of `samples` replays, `None` for every trained step.
+    fn positions<B: AutodiffBackend, W: World<B>>(
+        &self,
+        ctx: &TrainContext<'_, B, W>,
+        samples: Range<usize>,
+    ) -> Result<Option<Vec<Vec<usize>>>, TrainerError> {
+        self.timestep_subset
+            .map(|t| t.positions(ctx.batch.trained.len(), ctx.batch.rollout_id, samples))
+            .transpose()
+    }
+}
+
+/// The replay's columns of optional per-sample positions.
+fn columns(positions: &Option<Vec<Vec<usize>>>) -> StepColumns<'_> {
+    positions
+        .as_deref()
+        .map_or(StepColumns::All, StepColumns::PerSample)
+}
+
+/// The sampler's log-probs of every rollout sample (`[samples, trained steps]`, row-major),
+/// or with per-sample positions of each sample's positions (`[samples, positions]`).
+fn rollout_log_probs<B: AutodiffBackend, W: World<B>>(
+    ctx: &TrainContext<'_, B, W>,
+    positions: Option<&[Vec<usize>]>,
+) -> (Vec<f32>, usize) {
+    let steps = ctx.batch.trained.len();
+    let mut all = Vec::with_capacity(ctx.plan.num_samples * steps);
+    for traj in &ctx.batch.trajectories {
+        all.extend_from_slice(&traj.tracks.log_probs);
+    }
+    match positions {
+        None => (all, steps),
+        Some(pos) => {
+            let k = pos.first().map_or(0, Vec::len);
+            let picked = pos
+                .iter()
+                .enumerate()
+                .flat_map(|(i, p)| p.iter().map(move |&s| i * steps + s))
+                .map(|at| all.get(at).copied().unwrap_or(f32::NAN))
+                .collect();
+            (picked, k)
+        }
     }
 }
 
@@ -253,24 +349,24 @@ where
 
 /// `train/logp_parity_max_abs` of a replayed anchor: the largest difference between the
 /// anchor's log-probs and the sampler's own (a forward without autodiff).
+/// With per-sample `positions` (of every rollout sample), the sampler's log-probs at them.
 pub(crate) fn sampler_parity<B, W>(
     ctx: &TrainContext<'_, B, W>,
     anchor: &PolicyAnchor,
+    positions: Option<&[Vec<usize>]>,
 ) -> Result<Metrics, TrainerError>
 where
     B: AutodiffBackend,
     W: World<B>,
 {
     let plan: &UpdatePlan = ctx.plan;
-    let mut rollout_lp = Vec::new();
-    for traj in &ctx.batch.trajectories {
-        rollout_lp.extend(traj.tracks.log_probs.iter().map(|v| f64::from(*v)));
-    }
+    let (rollout_lp, steps) = rollout_log_probs(ctx, positions);
+    let rollout_lp: Vec<f64> = rollout_lp.into_iter().map(f64::from).collect();
     let anchor_all = anchor.log_probs::<B::InnerBackend>(0..plan.num_samples, ctx.device)?;
     let parity = log_prob_parity(
         anchor_all,
         Tensor::<B::InnerBackend, 2>::from_data(
-            TensorData::new(rollout_lp, [plan.num_samples, ctx.batch.trained.len()]),
+            TensorData::new(rollout_lp, [plan.num_samples, steps]),
             ctx.device,
         ),
     )?;
@@ -286,13 +382,14 @@ fn replay_policy<B, W>(
     ctx: &TrainContext<'_, B, W>,
     policy: &W::Policy,
     samples: Range<usize>,
+    columns: StepColumns<'_>,
     with_kl: bool,
 ) -> Result<(Tensor<B, 2>, Option<Tensor<B, 2>>), TrainerError>
 where
     B: AutodiffBackend,
     W: World<B>,
 {
-    let terms = replay_policy_terms(ctx, policy, samples, with_kl, false)?;
+    let terms = replay_policy_terms(ctx, policy, samples, columns, with_kl, false)?;
     Ok((terms.log_probs, terms.kl))
 }
 
@@ -303,6 +400,7 @@ pub(crate) fn replay_policy_terms<B, W>(
     ctx: &TrainContext<'_, B, W>,
     policy: &W::Policy,
     samples: Range<usize>,
+    columns: StepColumns<'_>,
     with_kl: bool,
     with_means: bool,
 ) -> Result<ReplayTerms<B>, TrainerError>
@@ -323,6 +421,7 @@ where
         &ctx.batch.trajectories,
         ctx.batch.group_size(),
         samples,
+        columns,
         |traj, rows| {
             ctx.world
                 .restore_conditioning::<B>(&traj.conditions, rows, ctx.device)
@@ -336,6 +435,7 @@ fn replay_samples<B, W, Bx, M>(
     ctx: &TrainContext<'_, B, W>,
     model: &M,
     samples: Range<usize>,
+    columns: StepColumns<'_>,
 ) -> Result<Tensor<Bx, 2>, TrainerError>
 where
     B: AutodiffBackend,
@@ -349,6 +449,7 @@ where
         &ctx.batch.trajectories,
         ctx.batch.group_size(),
         samples,
+        columns,
         |traj, rows| {
             ctx.world
                 .restore_conditioning::<Bx>(&traj.conditions, rows, ctx.device)
@@ -362,9 +463,10 @@ impl<B: AutodiffBackend, W: World<B>> Algorithm<B, W> for FlowGrpo {
     type Diagnostics = PolicyDiagnostics;
 
     fn name(&self) -> &'static str {
-        match self.objective {
-            RatioObjective::PpoClip => "FlowGRPO",
-            RatioObjective::DpokClamped { .. } => "DPOK",
+        match (self.objective, self.timestep_subset) {
+            (RatioObjective::PpoClip, None) => "FlowGRPO",
+            (RatioObjective::PpoClip, Some(_)) => "FlowGRPO on per-sample timestep subsets",
+            (RatioObjective::DpokClamped { .. }, _) => "DPOK",
         }
     }
 
@@ -388,19 +490,17 @@ impl<B: AutodiffBackend, W: World<B>> Algorithm<B, W> for FlowGrpo {
         policy: &W::Policy,
     ) -> Result<(PolicyAnchor, Metrics), TrainerError> {
         let plan: &UpdatePlan = ctx.plan;
+        let positions = self.positions(ctx, 0..plan.num_samples)?;
         if self.anchor == AnchorSource::Rollout {
-            let steps = ctx.batch.trained.len();
-            let mut rollout_lp = Vec::with_capacity(plan.num_samples * steps);
-            for traj in &ctx.batch.trajectories {
-                rollout_lp.extend_from_slice(&traj.tracks.log_probs);
-            }
+            let (rollout_lp, steps) = rollout_log_probs(ctx, positions.as_deref());
             let anchor = PolicyAnchor::from_rollout(&rollout_lp, plan.num_samples, steps)?;
             return Ok((anchor, Metrics::new()));
         }
         let anchor = record_anchor(ctx, policy, |model, mb| {
-            replay_samples::<B, W, B, _>(ctx, model, mb)
+            let cols = positions.as_ref().map(|p| p[mb.clone()].to_vec());
+            replay_samples::<B, W, B, _>(ctx, model, mb, columns(&cols))
         })?;
-        let metrics = sampler_parity(ctx, &anchor)?;
+        let metrics = sampler_parity(ctx, &anchor, positions.as_deref())?;
         Ok((anchor, metrics))
     }
 
@@ -411,7 +511,14 @@ impl<B: AutodiffBackend, W: World<B>> Algorithm<B, W> for FlowGrpo {
         policy: &W::Policy,
         samples: Range<usize>,
     ) -> Result<MicroBatchLoss<B, PolicyDiagnostics>, TrainerError> {
-        let (lp, kl) = replay_policy(ctx, policy, samples.clone(), self.kl_coef != 0.0)?;
+        let positions = self.positions(ctx, samples.clone())?;
+        let (lp, kl) = replay_policy(
+            ctx,
+            policy,
+            samples.clone(),
+            columns(&positions),
+            self.kl_coef != 0.0,
+        )?;
         let idx: Vec<usize> = samples.clone().collect();
         let anchor = anchor.log_probs::<B>(samples, ctx.device)?;
         let advantages = ctx.advantages.tensor::<B>(&idx, ctx.device);
@@ -600,6 +707,31 @@ mod tests {
         assert!(nan_min(f64::NAN, -1.0).is_nan());
         assert_eq!(nan_max(1.0, 2.0), 2.0);
         assert_eq!(nan_min(1.0, 2.0), 1.0);
+    }
+
+    /// DanceGRPO's subsets: `floor(5 * 0.6) = 3` distinct ascending positions per sample,
+    /// the same for the same (seed, rollout, sample), not one subset for every sample, and a
+    /// fraction that keeps nothing refused.
+    #[test]
+    fn timestep_subsets_are_per_sample_and_keyed() {
+        let t = TimestepSubset {
+            fraction: 0.6,
+            seed: 3,
+        };
+        let a = t.positions(5, 7, 0..16).unwrap();
+        assert_eq!(a.len(), 16);
+        for p in &a {
+            assert_eq!(p.len(), 3);
+            assert!(p.windows(2).all(|w| w[0] < w[1]) && p[2] < 5, "{p:?}");
+        }
+        assert!(a.iter().any(|p| p != &a[0]), "{a:?}");
+        assert_eq!(t.positions(5, 7, 4..6).unwrap(), a[4..6].to_vec());
+        assert_ne!(t.positions(5, 8, 0..16).unwrap(), a);
+        let none = TimestepSubset {
+            fraction: 0.1,
+            seed: 3,
+        };
+        assert!(none.positions(5, 7, 0..2).is_err());
     }
 
     #[test]

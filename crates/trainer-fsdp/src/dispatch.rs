@@ -165,11 +165,16 @@ impl FromPlan for FlowGrpo {
                 clip_range,
                 anchor,
                 kl_coef,
-            } => Some(
-                FlowGrpo::new(clip_range)
+                timestep_subset,
+            } => {
+                let g = FlowGrpo::new(clip_range)
                     .with_anchor(anchor)
-                    .with_kl(kl_coef),
-            ),
+                    .with_kl(kl_coef);
+                Some(match timestep_subset {
+                    Some(t) => g.with_timestep_subset(t),
+                    None => g,
+                })
+            }
             AlgorithmPlan::Dpok {
                 clip_range,
                 reward_weight,

@@ -366,6 +366,21 @@ pub enum TrainerError {
         steps: usize,
     },
 
+    /// A replay of per-sample step subsets was given positions it cannot take.
+    #[error(
+        "replay of per-sample steps: sample {sample} was given positions {positions:?} of {stored} stored trained steps; expected {expected}"
+    )]
+    ReplayColumns {
+        /// The sample's offset in the replayed range.
+        sample: usize,
+        /// Its positions.
+        positions: Vec<usize>,
+        /// The stored trained steps of the rollout.
+        stored: usize,
+        /// What was expected.
+        expected: String,
+    },
+
     /// Trajectories replayed in one batch disagree on a trained step's noise levels (a
     /// rollout's trajectories share one schedule and one set of trained steps).
     #[error(

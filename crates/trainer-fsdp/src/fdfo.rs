@@ -26,7 +26,7 @@ use velocity_model::VelocityModel;
 use crate::algorithm::{Algorithm, Recording, nan_max};
 use crate::error::TrainerError;
 use crate::monitor::{Metrics, names};
-use crate::rollout::stored_points;
+use crate::rollout::{StepColumns, stored_points};
 use crate::run::TrainContext;
 use crate::train::{MicroBatchLoss, UpdateReport};
 use crate::world::World;
@@ -82,6 +82,7 @@ where
         &ctx.batch.trajectories,
         ctx.batch.group_size(),
         samples,
+        StepColumns::All,
         |traj, rows| {
             ctx.world
                 .restore_conditioning::<B>(&traj.conditions, rows, ctx.device)

@@ -26,6 +26,7 @@ use crate::algorithm::{
 };
 use crate::error::TrainerError;
 use crate::monitor::Metrics;
+use crate::rollout::StepColumns;
 use crate::run::TrainContext;
 use crate::train::{MicroBatchLoss, UpdateReport};
 use crate::world::World;
@@ -105,11 +106,11 @@ impl<B: AutodiffBackend, W: World<B>> Algorithm<B, W> for GrpoGuard {
         policy: &W::Policy,
     ) -> Result<(Self::Frozen, Metrics), TrainerError> {
         let (log_probs, means) = record_anchor_with(ctx, policy, |model, mb| {
-            let terms = replay_policy_terms(ctx, model, mb.clone(), false, true)?;
+            let terms = replay_policy_terms(ctx, model, mb.clone(), StepColumns::All, false, true)?;
             let (mean, _) = terms.means.expect("the replay was asked for its means");
             Ok((terms.log_probs, (mb, mean.detach().inner())))
         })?;
-        let metrics = sampler_parity(ctx, &log_probs)?;
+        let metrics = sampler_parity(ctx, &log_probs, None)?;
         Ok((GuardAnchor { log_probs, means }, metrics))
     }
 
@@ -120,7 +121,14 @@ impl<B: AutodiffBackend, W: World<B>> Algorithm<B, W> for GrpoGuard {
         policy: &W::Policy,
         samples: Range<usize>,
     ) -> Result<MicroBatchLoss<B, PolicyDiagnostics>, TrainerError> {
-        let terms = replay_policy_terms(ctx, policy, samples.clone(), self.kl_coef != 0.0, true)?;
+        let terms = replay_policy_terms(
+            ctx,
+            policy,
+            samples.clone(),
+            StepColumns::All,
+            self.kl_coef != 0.0,
+            true,
+        )?;
         let (mean, std) = terms.means.expect("the replay was asked for its means");
         let [n, steps] = terms.log_probs.dims();
         let old = Tensor::<B, 3>::from_inner(anchor.means_of(&samples)?.clone());

@@ -78,7 +78,7 @@ pub mod transformer_policy;
 pub mod workers;
 pub mod world;
 
-pub use algorithm::{Algorithm, FlowGrpo, RatioObjective, Recording};
+pub use algorithm::{Algorithm, FlowGrpo, RatioObjective, Recording, TimestepSubset};
 pub use awm::Awm;
 pub use checkpoint::{
     CheckpointStore, CommittedCheckpoint, CommittedFile, Resume, Resumed, SavedCheckpoint,

@@ -264,12 +264,14 @@ pub(crate) fn group_chunks(samples: Range<usize>, group_size: usize) -> Vec<(usi
 /// # Errors
 /// Record and kernel errors; [`TrainerError::ReplaySigmas`] if the trajectories disagree on a
 /// trained step's noise levels.
+#[allow(clippy::too_many_arguments)]
 pub fn replay<Bx, M, R>(
     model: &M,
     spec: &SamplerSpec,
     trajectories: &[Trajectory],
     group_size: usize,
     samples: Range<usize>,
+    columns: StepColumns<'_>,
     restore: R,
     device: &Bx::Device,
 ) -> Result<Tensor<Bx, 2>, TrainerError>
@@ -288,18 +290,41 @@ where
         trajectories,
         group_size,
         samples,
+        columns,
         restore,
         device,
     )?;
     Ok(terms.log_probs)
 }
 
-/// The stored trained-step points of a range of a rollout's samples, step-major (row
-/// `s * n + i` is sample `i` at trained step `s`): what a replay feeds the model.
+/// Which of its stored trained steps a replay takes of each sample.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StepColumns<'a> {
+    /// Every stored trained step, in order: the replay is `[samples, trained steps]`.
+    All,
+    /// DanceGRPO's per-sample subsets: for each sample of the replayed range, in order, the
+    /// positions (into the rollout's trained steps) it replays, the same number for every
+    /// sample; the replay is `[samples, positions]`, column `j` holding each sample's `j`-th
+    /// position.
+    PerSample(&'a [Vec<usize>]),
+}
+
+/// The rows of one column of a replay that share one step's sigmas.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RowBlock {
+    /// The rows within the column (sample offsets in the range).
+    pub rows: Range<usize>,
+    /// The step's sigmas.
+    pub sigmas: StepSigmas,
+}
+
+/// The stored trained-step points of a range of a rollout's samples, column-major (row
+/// `s * n + i` is sample `i` at its `s`-th replayed step: trained step `s` under
+/// [`StepColumns::All`]): what a replay feeds the model.
 pub struct StoredPoints<Bx: Backend, C> {
     /// Samples in the range.
     pub n: usize,
-    /// Trained steps.
+    /// Replayed steps per sample (the columns).
     pub steps: usize,
     /// `x_k`, `[rows, tokens, channels]`.
     pub x: Tensor<Bx, 3>,
@@ -309,8 +334,9 @@ pub struct StoredPoints<Bx: Backend, C> {
     pub sigma: Tensor<Bx, 1>,
     /// The conditioning of each row.
     pub cond: C,
-    /// Each trained step's sigmas.
-    pub step_sigmas: Vec<StepSigmas>,
+    /// Each column's runs of rows that share one step's sigmas (one block of all `n` rows per
+    /// column under [`StepColumns::All`]).
+    pub columns: Vec<Vec<RowBlock>>,
 }
 
 /// The stored points of samples `samples` (group-major), `None` when the range or the trained
@@ -323,6 +349,7 @@ pub fn stored_points<Bx, C, R>(
     trajectories: &[Trajectory],
     group_size: usize,
     samples: Range<usize>,
+    columns: StepColumns<'_>,
     restore: R,
     device: &Bx::Device,
 ) -> Result<Option<StoredPoints<Bx, C>>, TrainerError>
@@ -333,9 +360,13 @@ where
 {
     let chunks = group_chunks(samples.clone(), group_size);
     let n = samples.len();
-    let steps = trajectories
+    let stored = trajectories
         .first()
         .map_or(0, |t| t.common.sde_indices.len());
+    let steps = match columns {
+        StepColumns::All => stored,
+        StepColumns::PerSample(cols) => check_columns(cols, n, stored)?,
+    };
     if n == 0 || steps == 0 {
         return Ok(None);
     }
@@ -344,6 +375,9 @@ where
         .map(|(gi, slots)| restore(&trajectories[*gi], slots.len()))
         .collect::<Result<Vec<_>, _>>()?;
     let cond = C::cat_rows(conds).repeat_rows(steps);
+    if let StepColumns::PerSample(cols) = columns {
+        return per_sample_points(trajectories, group_size, samples, cols, cond, device).map(Some);
+    }
     let mut step_sigmas = Vec::with_capacity(steps);
     let mut xs = Vec::with_capacity(steps * chunks.len());
     let mut prevs = Vec::with_capacity(steps * chunks.len());
@@ -379,8 +413,89 @@ where
         prev: Tensor::cat(prevs, 0),
         sigma: Tensor::<Bx, 1>::from_data(TensorData::new(sigma_rows, [n * steps]), device),
         cond,
-        step_sigmas,
+        columns: step_sigmas
+            .into_iter()
+            .map(|sigmas| vec![RowBlock { rows: 0..n, sigmas }])
+            .collect(),
     }))
+}
+
+/// The number of columns of per-sample positions: one list per sample, all of one length,
+/// every position a stored step.
+fn check_columns(cols: &[Vec<usize>], n: usize, stored: usize) -> Result<usize, TrainerError> {
+    let k = cols.first().map_or(0, Vec::len);
+    if cols.len() != n {
+        return Err(TrainerError::ReplayColumns {
+            sample: cols.len().min(n),
+            positions: Vec::new(),
+            stored,
+            expected: format!("one list of positions per replayed sample ({n})"),
+        });
+    }
+    for (i, c) in cols.iter().enumerate() {
+        if c.len() != k || c.iter().any(|&p| p >= stored) {
+            return Err(TrainerError::ReplayColumns {
+                sample: i,
+                positions: c.clone(),
+                stored,
+                expected: format!("{k} positions, each below the {stored} stored trained steps"),
+            });
+        }
+    }
+    Ok(k)
+}
+
+/// [`stored_points`] of per-sample positions: row `j * n + i` is sample `i` at its `j`-th
+/// position, each sample's point read from its own trajectory; consecutive rows of a column
+/// at the same step form one block.
+fn per_sample_points<Bx, C>(
+    trajectories: &[Trajectory],
+    group_size: usize,
+    samples: Range<usize>,
+    cols: &[Vec<usize>],
+    cond: C,
+    device: &Bx::Device,
+) -> Result<StoredPoints<Bx, C>, TrainerError>
+where
+    Bx: Backend,
+{
+    let n = samples.len();
+    let k = cols.first().map_or(0, Vec::len);
+    let mut xs = Vec::with_capacity(n * k);
+    let mut prevs = Vec::with_capacity(n * k);
+    let mut sigma_rows = Vec::with_capacity(n * k);
+    let mut columns = Vec::with_capacity(k);
+    let by_column: Vec<Vec<usize>> = (0..k)
+        .map(|j| cols.iter().map(|c| c[j]).collect())
+        .collect();
+    for positions in &by_column {
+        let mut blocks: Vec<RowBlock> = Vec::new();
+        for (offset, (i, &position)) in samples.clone().zip(positions).enumerate() {
+            let (gi, slot) = (i / group_size, i % group_size);
+            let inputs =
+                trajectories[gi].replay_inputs::<Bx, 3>(position, slot..slot + 1, device)?;
+            xs.push(inputs.sample);
+            prevs.push(inputs.prev_sample);
+            sigma_rows.push(inputs.sigmas.sigma());
+            match blocks.last_mut() {
+                Some(b) if b.sigmas == inputs.sigmas => b.rows.end = offset + 1,
+                _ => blocks.push(RowBlock {
+                    rows: offset..offset + 1,
+                    sigmas: inputs.sigmas,
+                }),
+            }
+        }
+        columns.push(blocks);
+    }
+    Ok(StoredPoints {
+        n,
+        steps: k,
+        x: Tensor::cat(xs, 0),
+        prev: Tensor::cat(prevs, 0),
+        sigma: Tensor::<Bx, 1>::from_data(TensorData::new(sigma_rows, [n * k]), device),
+        cond,
+        columns,
+    })
 }
 
 /// The reference policy's velocity at the replay's inputs `(x, sigma, conditioning)`, detached
@@ -417,6 +532,7 @@ pub fn replay_terms<Bx, M, R>(
     trajectories: &[Trajectory],
     group_size: usize,
     samples: Range<usize>,
+    columns: StepColumns<'_>,
     restore: R,
     device: &Bx::Device,
 ) -> Result<ReplayTerms<Bx>, TrainerError>
@@ -426,13 +542,23 @@ where
     M::Conditioning: Conditioning,
     R: Fn(&Trajectory, usize) -> Result<M::Conditioning, TrainerError>,
 {
-    let Some(points) = stored_points(trajectories, group_size, samples.clone(), restore, device)?
+    let Some(points) = stored_points(
+        trajectories,
+        group_size,
+        samples.clone(),
+        columns,
+        restore,
+        device,
+    )?
     else {
         let (n, steps) = (
             samples.len(),
-            trajectories
-                .first()
-                .map_or(0, |t| t.common.sde_indices.len()),
+            match columns {
+                StepColumns::All => trajectories
+                    .first()
+                    .map_or(0, |t| t.common.sde_indices.len()),
+                StepColumns::PerSample(cols) => cols.first().map_or(0, Vec::len),
+            },
         );
         let kl = reference.map(|_| Tensor::zeros([n, steps], device));
         let means = with_means.then(|| {
@@ -454,7 +580,7 @@ where
         prev,
         sigma,
         cond,
-        step_sigmas,
+        columns,
     } = points;
     let v = model.velocity(x.clone(), sigma.clone(), &cond);
     let v_ref = match reference {
@@ -465,30 +591,52 @@ where
     let mut kl_cols = Vec::with_capacity(steps);
     let mut means = Vec::with_capacity(if with_means { steps } else { 0 });
     let mut stds = Vec::with_capacity(if with_means { steps * n } else { 0 });
-    for (s, sg) in step_sigmas.into_iter().enumerate() {
-        let at = sg.into();
-        let rows = |t: &Tensor<Bx, 3>| t.clone().narrow(0, s * n, n);
-        // the stored latents are exact storage-precision values: no second round trip
-        let out =
-            spec.kernel()?
-                .replay(&at, rows(&v), rows(&x), rows(&prev), StorageDtype::Native)?;
-        if let Some(v_ref) = &v_ref {
-            let out_ref = spec.kernel()?.replay(
+    for (s, blocks) in columns.into_iter().enumerate() {
+        let mut lps = Vec::with_capacity(blocks.len());
+        let mut kls = Vec::with_capacity(blocks.len());
+        for RowBlock { rows: r, sigmas } in blocks {
+            let at = sigmas.into();
+            let rows = |t: &Tensor<Bx, 3>| t.clone().narrow(0, s * n + r.start, r.len());
+            // the stored latents are exact storage-precision values: no second round trip
+            let out = spec.kernel()?.replay(
                 &at,
-                rows(v_ref),
+                rows(&v),
                 rows(&x),
                 rows(&prev),
                 StorageDtype::Native,
             )?;
-            let kl =
-                flow_grpo::kl_to_reference(&out, &out_ref, flow_grpo::KlForm::FlowGrpoReference)?;
-            kl_cols.push(kl.per_sample.unsqueeze_dim(1));
+            if let Some(v_ref) = &v_ref {
+                let out_ref = spec.kernel()?.replay(
+                    &at,
+                    rows(v_ref),
+                    rows(&x),
+                    rows(&prev),
+                    StorageDtype::Native,
+                )?;
+                let kl = flow_grpo::kl_to_reference(
+                    &out,
+                    &out_ref,
+                    flow_grpo::KlForm::FlowGrpoReference,
+                )?;
+                kls.push(kl.per_sample);
+            }
+            if with_means {
+                means.push(out.mean.clone());
+                stds.extend(out.std.iter().copied());
+            }
+            lps.push(out.log_prob);
         }
-        if with_means {
-            means.push(out.mean.clone());
-            stds.extend(out.std.iter().copied());
+        let column = |mut parts: Vec<Tensor<Bx, 1>>| {
+            if parts.len() == 1 {
+                parts.pop().expect("one part")
+            } else {
+                Tensor::cat(parts, 0)
+            }
+        };
+        if !kls.is_empty() {
+            kl_cols.push(column(kls).unsqueeze_dim(1));
         }
-        cols.push(out.log_prob.unsqueeze_dim(1));
+        cols.push(column(lps).unsqueeze_dim(1));
     }
     let kl = v_ref.map(|_| Tensor::cat(kl_cols, 1));
     let means = with_means.then(|| {

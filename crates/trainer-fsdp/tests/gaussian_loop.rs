@@ -606,6 +606,100 @@ fn mix_grpo_trains_on_its_sliding_window() {
     );
 }
 
+/// DanceGRPO (`dance_grpo`): the Dance kernel on every step but the last, one `x_T` per
+/// group, and each sample replaying its own random 3 of the 5 trained steps; the replayed
+/// anchor agrees with the sampler's log-probs at each sample's own steps (a position mixed
+/// up between the replay and the rollout's record would show here), and the reward rises.
+fn dance_grpo_trains_on_per_sample_subsets() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut run: GaussianRun = start_with(
+        dir.path(),
+        ROLLOUTS,
+        "dance_grpo",
+        &[
+            "sampling.sde_indices=[0, 1, 2, 3, 4]",
+            "sampling.num_sde_steps=5",
+        ],
+    );
+    let summary = run.run(&StopFlag::new()).unwrap();
+    let (a, b) = (summary.initial_eval.unwrap(), summary.final_eval.unwrap());
+    assert!(
+        b.reward > a.reward + 0.3 && b.reward - a.reward > 5.0 * b.stderr.max(a.stderr),
+        "DanceGRPO: held-out closeness {:.3} ± {:.3} -> {:.3} ± {:.3} did not rise",
+        a.reward,
+        a.stderr,
+        b.reward,
+        b.stderr
+    );
+    let records = read_jsonl(&dir.path().join("run").join("metrics.jsonl")).unwrap();
+    let parity: Vec<f64> = records
+        .iter()
+        .filter_map(|r| {
+            r.metrics
+                .get(names::TRAIN_LOGP_PARITY_MAX_ABS)
+                .copied()
+                .flatten()
+        })
+        .collect();
+    assert_eq!(parity.len() as u64, ROLLOUTS);
+    assert!(parity.iter().all(|p| *p < 1e-5), "{parity:?}");
+    let seen: Vec<Vec<usize>> = walk(&dir.path().join("artifacts"))
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
+        .map(|p| trajectory::read_sidecar(&p).unwrap().common.sde_indices)
+        .collect();
+    assert!(
+        !seen.is_empty() && seen.iter().all(|s| s == &[0, 1, 2, 3, 4]),
+        "{seen:?}"
+    );
+    println!(
+        "test dance_grpo_trains_on_per_sample_subsets ... ok (held-out closeness {:.3} ± {:.3} -> {:.3} ± {:.3})",
+        a.reward, a.stderr, b.reward, b.stderr
+    );
+}
+
+/// Flow-GRPO-Fast (`flow_grpo_fast`): a random window of 2 trained steps per rollout (here
+/// within `[1, 5)` of the 6 steps), the ODE around it; the windows move, and the reward rises.
+fn flow_grpo_fast_trains_on_a_random_window() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut run: GaussianRun = start_with(
+        dir.path(),
+        ROLLOUTS,
+        "flow_grpo_fast",
+        &[
+            "sampling.sde_window={ size = 2, stride = 1, shift_interval = 1, strategy = \"random\", span = [1, 5] }",
+        ],
+    );
+    let summary = run.run(&StopFlag::new()).unwrap();
+    let (a, b) = (summary.initial_eval.unwrap(), summary.final_eval.unwrap());
+    assert!(
+        b.reward > a.reward + 0.3 && b.reward - a.reward > 5.0 * b.stderr.max(a.stderr),
+        "Flow-GRPO-Fast: held-out closeness {:.3} ± {:.3} -> {:.3} ± {:.3} did not rise",
+        a.reward,
+        a.stderr,
+        b.reward,
+        b.stderr
+    );
+    let mut seen: Vec<Vec<usize>> = walk(&dir.path().join("artifacts"))
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
+        .map(|p| trajectory::read_sidecar(&p).unwrap().common.sde_indices)
+        .collect();
+    seen.sort();
+    seen.dedup();
+    assert!(
+        seen.len() >= 2
+            && seen
+                .iter()
+                .all(|s| s.len() == 2 && s[1] == s[0] + 1 && s[0] >= 1 && s[1] <= 4),
+        "{seen:?}"
+    );
+    println!(
+        "test flow_grpo_fast_trains_on_a_random_window ... ok (held-out closeness {:.3} ± {:.3} -> {:.3} ± {:.3}, windows {seen:?})",
+        a.reward, a.stderr, b.reward, b.stderr
+    );
+}
+
 /// Paired finite differences: pairs from one `x_T` with churn noise, SPO on the stored
 /// velocities bent toward the better endpoint; the reward rises, the SPO ratio is logged, and
 /// preflight refuses pairs without churn or groups that are not pairs.
@@ -1151,7 +1245,7 @@ fn a_failing_machine_ends_the_other() {
 
 /// Every test, in order; `GAUSSIAN_ONLY=<part of a name>` runs the matching ones alone.
 fn parent() {
-    let tests: [(&str, fn()); 21] = [
+    let tests: [(&str, fn()); 23] = [
         ("the_reward_rises", the_reward_rises),
         ("two_ranks_train_as_one", two_ranks_train_as_one),
         (
@@ -1209,6 +1303,14 @@ fn parent() {
         (
             "mix_grpo_trains_on_its_sliding_window",
             mix_grpo_trains_on_its_sliding_window,
+        ),
+        (
+            "dance_grpo_trains_on_per_sample_subsets",
+            dance_grpo_trains_on_per_sample_subsets,
+        ),
+        (
+            "flow_grpo_fast_trains_on_a_random_window",
+            flow_grpo_fast_trains_on_a_random_window,
         ),
         (
             "the_cpu_budget_ends_the_run_with_an_evaluation",

@@ -17,12 +17,13 @@
 //!              storage_dtype, sde_resample_per_rollout, sde_pool, sde_indices, num_sde_steps,
 //!              sde_timestep_fraction (pool, indices and fraction optional), sde_window
 //!              (optional: MixGRPO's sliding window = { size, stride, shift_interval,
-//!              strategy, at_end, span })
+//!              strategy, at_end, span, min_interval, decay_k, decay_threshold })
 //! [rollout]    prompts_per_rollout, group_size, num_updates_per_batch, micro_batch_size,
 //!              shared_initial_noise
 //! [algorithm]  kind = "flow_grpo" | "awm" | "nft" | "dpo" | "dpok" | "grpo_guard" | "fdfo", and the variant's keys — FlowGRPO: eps_clip,
 //!              eps_clip_high (optional), advantage_std_mode, kl_coef, anchor ("replay" |
-//!              "rollout", optional); AWM (all optional): eps_clip, eps_clip_high,
+//!              "rollout", optional), timestep_fraction (DanceGRPO's per-sample subsets,
+//!              optional); AWM (all optional): eps_clip, eps_clip_high,
 //!              advantage_std_mode, advantage_limit, weighting ("uniform" | "huber"),
 //!              huber_power, kl_coef, ema_kl_coef; DiffusionNFT (all optional): beta,
 //!              advantage_std_mode, advantage_limit, soft_update ("ramp" |
@@ -98,6 +99,7 @@ use sde_math::StorageDtype;
 use sde_math::solvers::{DpmSecondOrder, DpmSolverPP, OdeSolver, UniPc};
 use serde::{Deserialize, Serialize};
 
+use crate::algorithm::TimestepSubset;
 use crate::ema::{EmaSettings, EmaWarmup};
 use crate::error::{TrainerError, io_err};
 use crate::lr::LrSchedule;
@@ -946,6 +948,8 @@ pub const ALGORITHM_NAMES: &[&str] = &[
     "dpok",
     "grpo_guard",
     "mix_grpo",
+    "dance_grpo",
+    "flow_grpo_fast",
     "fdfo",
 ];
 
@@ -957,7 +961,19 @@ pub const ALGORITHM_NAMES: &[&str] = &[
 /// the other trained-step keys off) and DPM-Solver++(2M) on every other step. `fdfo` sets
 /// pairs (`group_size = 2`, one `x_T` per pair, micro-batches of one pair: the only size that
 /// divides every update of whole pairs; a larger divisor of the update is faster) and churn at
-/// the trained steps (`sde_type = "churn"`, `eta = 0.0025`, the paper's γ).
+/// the trained steps (`sde_type = "churn"`, `eta = 0.0025`, the paper's γ). `dance_grpo` is
+/// FlowGRPO's objective on DanceGRPO's sampling and subsets, as its FLUX script sets them: the
+/// Dance kernel at `eta = 0.3` on every step but the last (`--ignore_last`; the indices are
+/// the recipes' 12 steps: with another `sampling.num_inference_steps` set
+/// `sampling.sde_indices` too), one `x_T` per group (`--init_same_noise`), and each sample
+/// training its own random 60 % of those steps (`algorithm.timestep_fraction = 0.6`).
+/// `flow_grpo_fast` is Flow-GRPO-Fast as flow_grpo releases it: every rollout draws one
+/// window of 2 consecutive trained steps at random in the first half of the schedule (the
+/// release's `sde_window_range = (0, steps // 2)`, from step 1 here: Flow-SDE cannot train the
+/// step at sigma = 1), the samples run the ODE up to it, branch with the SDE inside it and
+/// finish with the ODE; each candidate keeps its own `x_T` (the release's
+/// `same_latent = False`; `rollout.shared_initial_noise = true` branches a whole group from
+/// one ODE prefix).
 ///
 /// ```
 /// let o = trainer_fsdp::config::algorithm_overrides("nft").unwrap();
@@ -994,6 +1010,25 @@ pub fn algorithm_overrides(name: &str) -> Result<Vec<Override>, TrainerError> {
             "sampling.sde_indices=",
             "sampling.sde_timestep_fraction=",
             "sampling.solver=\"dpm_solver_pp2m\"",
+        ]),
+        "flow_grpo_fast" => Override::parse_all(&[
+            "sampling.sde_window={ size = 2, stride = 1, shift_interval = 1, strategy = \"random\", span = [1, 6] }",
+            "sampling.num_sde_steps=2",
+            "sampling.sde_resample_per_rollout=false",
+            "sampling.sde_pool=",
+            "sampling.sde_indices=",
+            "sampling.sde_timestep_fraction=",
+        ]),
+        "dance_grpo" => Override::parse_all(&[
+            "algorithm.timestep_fraction=0.6",
+            "sampling.sde_type=\"dance\"",
+            "sampling.eta=0.3",
+            "sampling.sde_resample_per_rollout=false",
+            "sampling.sde_pool=",
+            "sampling.sde_timestep_fraction=",
+            "sampling.sde_indices=[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10]",
+            "sampling.num_sde_steps=11",
+            "rollout.shared_initial_noise=true",
         ]),
         other => Err(TrainerError::UnknownAlgorithm {
             given: other.to_string(),
@@ -1093,6 +1128,11 @@ pub struct FlowGrpoSection {
     /// Where the pi_old log-probs come from (`"replay"` when absent).
     #[serde(default)]
     pub anchor: AnchorSource,
+    /// DanceGRPO's per-sample timestep subset: each sample trains its own random
+    /// `floor(fraction * trained steps)` of the rollout's trained steps, in `(0, 1]`
+    /// (DanceGRPO: 0.6); absent: every sample trains every trained step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timestep_fraction: Option<f64>,
 }
 
 /// `[algorithm] anchor`: the pi_old log-probs the clipped ratio is taken against.

@@ -144,7 +144,23 @@ impl TrainConfig {
         let batch = self.check_batch(&mut p, &mut warnings);
 
         // objective
-        let algorithm = check_algorithm(&self.algorithm, &mut p);
+        let algorithm = check_algorithm(&self.algorithm, self.run.seed, &mut p);
+        if let (
+            Some(AlgorithmPlan::FlowGrpo {
+                timestep_subset: Some(t),
+                ..
+            }),
+            Some((_, plan)),
+        ) = (&algorithm, &schedule_and_plan)
+            && let Ok(steps) = plan.steps(PlanQuery::rollout(0))
+            && (steps.len() as f64 * t.fraction).floor() < 1.0
+        {
+            p.push(PreflightProblem::OutOfRange {
+                key: "algorithm.timestep_fraction",
+                given: t.fraction.to_string(),
+                allowed: "a fraction that keeps at least one of the rollout's trained steps (floor(fraction * trained steps) >= 1)",
+            });
+        }
         let ema = self.ema.as_ref().and_then(|e| check_ema(e, &mut p));
         if let Some(budget) = self.run.cpu_budget_seconds
             && !(budget.is_finite() && budget > 0.0)
@@ -651,7 +667,11 @@ impl TrainConfig {
 }
 
 /// The objective of `[algorithm]`, validated (every problem pushed to `p`).
-fn check_algorithm(a: &AlgorithmSection, p: &mut Vec<PreflightProblem>) -> Option<AlgorithmPlan> {
+fn check_algorithm(
+    a: &AlgorithmSection,
+    seed: u64,
+    p: &mut Vec<PreflightProblem>,
+) -> Option<AlgorithmPlan> {
     match a {
         AlgorithmSection::FlowGrpo(g) => {
             let clip_range = check_clip_range(
@@ -667,10 +687,25 @@ fn check_algorithm(a: &AlgorithmSection, p: &mut Vec<PreflightProblem>) -> Optio
                 "a finite value >= 0 (flow_grpo uses 0.04 on GenEval, 0 on PickScore)",
                 p,
             );
+            let timestep_subset = match g.timestep_fraction {
+                None => Some(None),
+                Some(fraction) if fraction.is_finite() && fraction > 0.0 && fraction <= 1.0 => {
+                    Some(Some(TimestepSubset { fraction, seed }))
+                }
+                Some(fraction) => {
+                    p.push(PreflightProblem::OutOfRange {
+                        key: "algorithm.timestep_fraction",
+                        given: fraction.to_string(),
+                        allowed: "a value in (0, 1] (DanceGRPO uses 0.6), or absent",
+                    });
+                    None
+                }
+            };
             Some(AlgorithmPlan::FlowGrpo {
                 clip_range: clip_range?,
                 anchor: g.anchor,
                 kl_coef: kl_coef?,
+                timestep_subset: timestep_subset?,
             })
         }
         AlgorithmSection::Awm(w) => {
@@ -1217,6 +1252,8 @@ pub enum AlgorithmPlan {
         anchor: AnchorSource,
         /// The weight of the transitions' KL to the reference policy.
         kl_coef: f64,
+        /// DanceGRPO's per-sample timestep subsets, when configured.
+        timestep_subset: Option<TimestepSubset>,
     },
     /// AWM with its ratio band, weighting and advantage limit.
     Awm {

@@ -87,6 +87,7 @@ impl TrainConfig {
                 advantage_std_mode: AdvantageStdMode::Group,
                 kl_coef: 0.0,
                 anchor: AnchorSource::Replay,
+                timestep_fraction: None,
             }),
             optimizer: OptimizerSection {
                 lr: 3e-4,

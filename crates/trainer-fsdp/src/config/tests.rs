@@ -878,3 +878,64 @@ fn solver_names_are_the_config_spelling() {
         assert_eq!(parsed, kind);
     }
 }
+
+/// The `dance_grpo` preset: the Dance kernel on every step but the last, one `x_T` per group,
+/// per-sample subsets of 60 % keyed by the run's seed; a fraction outside `(0, 1]` or one that
+/// keeps no trained step is refused by name.
+#[test]
+fn the_dance_grpo_preset_and_its_timestep_fraction() {
+    let c = TrainConfig::from_recipe(
+        RecipeName::ShapesWorldLora,
+        &algorithm_overrides("dance_grpo").unwrap(),
+    )
+    .unwrap();
+    assert_eq!(c.sampling.sde_type, SdeKind::Dance);
+    assert!(c.rollout.shared_initial_noise);
+    let p = c.preflight().unwrap();
+    let steps = p.plan.steps(PlanQuery::rollout(5)).unwrap();
+    assert_eq!(steps.as_slice(), (0..11).collect::<Vec<_>>().as_slice());
+    match &p.algorithm {
+        AlgorithmPlan::FlowGrpo {
+            timestep_subset: Some(t),
+            ..
+        } => {
+            assert_eq!(t.fraction, 0.6);
+            assert_eq!(t.seed, c.run.seed);
+        }
+        other => panic!("{other:?}"),
+    }
+    for (fraction, needle) in [("1.5", "1.5"), ("0.05", "keeps at least one")] {
+        let mut o = algorithm_overrides("dance_grpo").unwrap();
+        o.extend(
+            Override::parse_all(&[format!("algorithm.timestep_fraction={fraction}")]).unwrap(),
+        );
+        let text = problems(&TrainConfig::from_recipe(RecipeName::ShapesWorldLora, &o).unwrap());
+        assert!(
+            text.iter()
+                .any(|p| p.contains("algorithm.timestep_fraction") && p.contains(needle)),
+            "{fraction}: {text:?}"
+        );
+    }
+}
+
+/// The `flow_grpo_fast` preset: one random window of 2 trained steps per rollout, starting in
+/// `1..=4` (span `[1, 6)` of the 12 steps), the ODE elsewhere.
+#[test]
+fn the_flow_grpo_fast_preset_draws_an_early_window_per_rollout() {
+    let c = TrainConfig::from_recipe(
+        RecipeName::ShapesWorldLora,
+        &algorithm_overrides("flow_grpo_fast").unwrap(),
+    )
+    .unwrap();
+    let p = c.preflight().unwrap();
+    let mut starts = std::collections::BTreeSet::new();
+    for r in 0..64 {
+        let steps = p.plan.steps(PlanQuery::rollout(r)).unwrap();
+        let s = steps.as_slice();
+        assert_eq!(s.len(), 2);
+        assert_eq!(s[1], s[0] + 1);
+        assert!((1..=4).contains(&s[0]), "{s:?}");
+        starts.insert(s[0]);
+    }
+    assert_eq!(starts.into_iter().collect::<Vec<_>>(), [1, 2, 3, 4]);
+}

@@ -9,10 +9,11 @@ use burn::backend::{Autodiff, Flex};
 use burn::module::Module;
 use burn::tensor::backend::Backend;
 use reward::{Batch, Components, Input, RewardError, Scorer};
+use trainer_fsdp::dispatch::FromPlan;
 use trainer_fsdp::shapes_world::{
     ShapesGenerator, ShapesWorld, SharedScorer, TextEncoderConfig, transformer_config,
 };
-use trainer_fsdp::{AlgorithmPlan, FlowGrpo, LocalWorkers, Override, RecipeName, Run, TrainConfig};
+use trainer_fsdp::{FlowGrpo, LocalWorkers, Override, RecipeName, Run, TrainConfig};
 
 /// The autodiff backend of the loop tests.
 pub type B = Autodiff<Flex>;
@@ -37,17 +38,7 @@ pub fn start_in(
         .with_prompt_files(&cfg.data)
         .unwrap()
         .with_scorer(scorer);
-    let AlgorithmPlan::FlowGrpo {
-        clip_range,
-        anchor,
-        kl_coef,
-    } = pre.algorithm.clone()
-    else {
-        panic!("a FlowGRPO plan")
-    };
-    let algorithm = FlowGrpo::new(clip_range)
-        .with_anchor(anchor)
-        .with_kl(kl_coef);
+    let algorithm = FlowGrpo::from_plan(&pre.algorithm).expect("a FlowGRPO plan");
     let workers = LocalWorkers::new(cfg.run.threads());
     Run::new(cfg, pre, run_dir, dev, world, algorithm, workers).unwrap()
 }
