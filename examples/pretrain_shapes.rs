@@ -200,6 +200,7 @@ fn evaluate(model: &ShapesGenerator<Flex>, sigmas: &[f32], seed: u64) -> Result<
         4,
         seed,
         &BTreeMap::from([("shapes".to_string(), 1.0)]),
+        None,
         std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
         &Default::default(),
     )?;

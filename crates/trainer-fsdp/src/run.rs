@@ -56,7 +56,7 @@ use crate::algorithm::{Algorithm, Recording};
 use crate::checkpoint::{
     CheckpointStore, CommittedCheckpoint, EMA_FILE, SAMPLER_FILE, TrainerState,
 };
-use crate::config::{CheckpointFailurePolicy, Preflight, TrainConfig};
+use crate::config::{CheckpointFailurePolicy, EvalGuidance, Preflight, TrainConfig};
 use crate::ema::{Ema, blend};
 use crate::error::{CheckpointProblem, DrawingProblem, TrainerError, io_err};
 use crate::monitor::{
@@ -72,7 +72,7 @@ use crate::train::{
 };
 use crate::workers::Workers;
 use crate::world::{Inner, World};
-use velocity_model::Conditioning;
+use velocity_model::{Conditioning, Guided, TrueCfg, VelocityModel};
 
 /// Rows one host thread samples at once in an evaluation.
 pub const EVAL_ROWS_PER_THREAD: usize = 32;
@@ -1151,6 +1151,7 @@ where
             k,
             self.cfg.run.seed,
             &self.cfg.reward.component_weights,
+            self.cfg.eval.guidance.as_ref(),
             threads,
             &self.device,
         )?;
@@ -1739,11 +1740,12 @@ fn check_readable_copy<B: AutodiffBackend, W: World<B>>(
 /// Deterministic sampling (the solver on every step) of `world`'s held-out prompts under
 /// `model`, `k` fixed seeds each (a pure function of `seed`), scored by the world's scorers
 /// and combined with `weights` (`sum_c w_c * component_c` of the raw components): the samples
-/// (prompt-major) and the statistics. `threads` sample chunks side by side (the same bits for
-/// any value).
+/// (prompt-major) and the statistics. With `guidance` every step runs the model under true CFG
+/// of its scale and negative prompt (`velocity_model::TrueCfg`). `threads` sample chunks side
+/// by side (the same bits for any value).
 ///
 /// # Errors
-/// Sampling, noise, prompt and scorer errors.
+/// Sampling, noise, prompt and scorer errors (the negative prompt's encoding among them).
 #[allow(clippy::too_many_arguments)]
 pub fn evaluate_policy<B, W>(
     world: &W,
@@ -1752,6 +1754,7 @@ pub fn evaluate_policy<B, W>(
     k: usize,
     seed: u64,
     weights: &BTreeMap<String, f64>,
+    guidance: Option<&EvalGuidance>,
     threads: usize,
     device: &B::Device,
 ) -> Result<(Vec<W::Sample>, EvalStatistics), TrainerError>
@@ -1774,27 +1777,24 @@ where
     .generate()
     .to_tensor::<Inner<B>, 3>(device)?;
     let cond = world.encode(&all, device)?;
-    // blocks of at most EVAL_ROWS_PER_THREAD rows per thread: a wide batch is no faster per
-    // sample, and on a CPU backend past a size it loses the written-out broadcasts (the same
-    // bits either way: every row is sampled on its own)
-    let threads = threads.max(1);
-    let block = EVAL_ROWS_PER_THREAD * threads;
-    let mut samples = Vec::with_capacity(all.len());
-    let mut start = 0;
-    while start < all.len() {
-        let rows = start..all.len().min(start + block);
-        let out = sample_in_chunks(
-            model,
-            &cond.slice_rows(rows.clone()),
-            x_t.clone().slice([rows.clone()]),
-            spec,
-            &SdeSteps::new([]),
-            threads,
-            |step, _| Err(TrainerError::TrainedStepOutOfRange { step, steps: 0 }),
-        )?;
-        samples.extend(world.decode(out.final_latents)?);
-        start = rows.end;
-    }
+    let samples = match guidance {
+        None => sample_deterministic(world, model, &cond, x_t, spec, threads)?,
+        Some(g) => {
+            let negatives = vec![g.negative_prompt.as_str(); all.len()];
+            let guided = Guided {
+                positive: cond,
+                negative: world.encode(&negatives, device)?,
+            };
+            sample_deterministic(
+                world,
+                &TrueCfg::new(model, g.scale),
+                &guided,
+                x_t,
+                spec,
+                threads,
+            )?
+        }
+    };
     let prompts: Vec<String> = all.iter().map(|p| p.to_string()).collect();
     let scores = world.score(&samples, &prompts)?;
     if scores.len() != samples.len() {
@@ -1813,6 +1813,46 @@ where
         .collect();
     let categories: Vec<&str> = held.iter().map(|h| h.category.as_str()).collect();
     Ok((samples, eval_statistics(&rewards, &categories, k)))
+}
+
+/// Deterministic samples of `x_t`'s rows under `model` (the solver on every step), decoded.
+fn sample_deterministic<B, W, M>(
+    world: &W,
+    model: &M,
+    cond: &M::Conditioning,
+    x_t: Tensor<Inner<B>, 3>,
+    spec: &SamplerSpec,
+    threads: usize,
+) -> Result<Vec<W::Sample>, TrainerError>
+where
+    B: AutodiffBackend,
+    W: World<B>,
+    M: VelocityModel<Inner<B>> + Sync,
+    M::Conditioning: Conditioning,
+{
+    // blocks of at most EVAL_ROWS_PER_THREAD rows per thread: a wide batch is no faster per
+    // sample, and on a CPU backend past a size it loses the written-out broadcasts (the same
+    // bits either way: every row is sampled on its own)
+    let n = x_t.dims()[0];
+    let threads = threads.max(1);
+    let block = EVAL_ROWS_PER_THREAD * threads;
+    let mut samples = Vec::with_capacity(n);
+    let mut start = 0;
+    while start < n {
+        let rows = start..n.min(start + block);
+        let out = sample_in_chunks(
+            model,
+            &cond.slice_rows(rows.clone()),
+            x_t.clone().slice([rows.clone()]),
+            spec,
+            &SdeSteps::new([]),
+            threads,
+            |step, _| Err(TrainerError::TrainedStepOutOfRange { step, steps: 0 }),
+        )?;
+        samples.extend(world.decode(out.final_latents)?);
+        start = rows.end;
+    }
+    Ok(samples)
 }
 
 /// An error and its sources on one line (`a: b: c`).

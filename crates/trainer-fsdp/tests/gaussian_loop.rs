@@ -700,6 +700,41 @@ fn flow_grpo_fast_trains_on_a_random_window() {
     );
 }
 
+/// `eval.guidance`: the evaluations sample under true CFG (here away from class 0), so the
+/// same policy evaluates differently, while the rollouts stay unguided (the first rollout's
+/// rewards are those of an unguided run).
+fn guided_evaluation_samples_under_true_cfg() {
+    let plain_dir = tempfile::tempdir().unwrap();
+    let guided_dir = tempfile::tempdir().unwrap();
+    let mut plain = start(plain_dir.path(), 1, &[]);
+    let mut guided = start(
+        guided_dir.path(),
+        1,
+        &["eval.guidance={ scale = 3.0, negative_prompt = \"class 0\" }"],
+    );
+    let a = plain.run(&StopFlag::new()).unwrap();
+    let b = guided.run(&StopFlag::new()).unwrap();
+    let (a0, b0) = (a.initial_eval.unwrap(), b.initial_eval.unwrap());
+    assert!(
+        (a0.reward - b0.reward).abs() > 1e-3,
+        "guided {:.4} and unguided {:.4} evaluations agree",
+        b0.reward,
+        a0.reward
+    );
+    let first = |dir: &Path| {
+        read_jsonl(&dir.join("run").join("metrics.jsonl"))
+            .unwrap()
+            .iter()
+            .find_map(|r| r.metrics.get("reward/closeness_mean").copied().flatten())
+            .unwrap()
+    };
+    assert_eq!(first(plain_dir.path()), first(guided_dir.path()));
+    println!(
+        "test guided_evaluation_samples_under_true_cfg ... ok (held-out closeness {:.3} unguided, {:.3} guided away from class 0)",
+        a0.reward, b0.reward
+    );
+}
+
 /// Paired finite differences: pairs from one `x_T` with churn noise, SPO on the stored
 /// velocities bent toward the better endpoint; the reward rises, the SPO ratio is logged, and
 /// preflight refuses pairs without churn or groups that are not pairs.
@@ -1245,7 +1280,7 @@ fn a_failing_machine_ends_the_other() {
 
 /// Every test, in order; `GAUSSIAN_ONLY=<part of a name>` runs the matching ones alone.
 fn parent() {
-    let tests: [(&str, fn()); 23] = [
+    let tests: [(&str, fn()); 24] = [
         ("the_reward_rises", the_reward_rises),
         ("two_ranks_train_as_one", two_ranks_train_as_one),
         (
@@ -1311,6 +1346,10 @@ fn parent() {
         (
             "flow_grpo_fast_trains_on_a_random_window",
             flow_grpo_fast_trains_on_a_random_window,
+        ),
+        (
+            "guided_evaluation_samples_under_true_cfg",
+            guided_evaluation_samples_under_true_cfg,
         ),
         (
             "the_cpu_budget_ends_the_run_with_an_evaluation",

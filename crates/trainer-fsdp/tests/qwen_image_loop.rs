@@ -292,16 +292,29 @@ use support::{max_abs_err, strings, values, worse};
 /// image (within 1/255 of diffusers' float image, after quantisation).
 #[test]
 fn a_three_step_pipeline_run_matches_diffusers() {
+    pipeline_case("pipeline.json", false);
+}
+
+/// The same with true CFG (`fixtures/qwen_image/pipeline_cfg.json`: a negative prompt and
+/// `true_cfg_scale = 4`): `velocity_model::TrueCfg` over the world's transformer, the negative
+/// prompt encoded by the world, against diffusers' guided loop at the same tolerances; the
+/// unguided run from the same latents ends far from it, so the guidance is what matches.
+#[test]
+fn a_guided_pipeline_run_matches_diffusers_true_cfg() {
+    pipeline_case("pipeline_cfg.json", true);
+}
+
+/// Runs a pipeline fixture case: with `guided`, under its negative prompt and CFG scale.
+fn pipeline_case(file: &str, guided: bool) {
     use burn::module::AutodiffModule;
     use burn::tensor::{Tensor, TensorData};
     use schedule::SchedulePolicy;
     use sde_math::{StepSigmas, euler_step};
     use trainer_fsdp::config::Trainable;
     use trainer_fsdp::qwen_image_world::QwenImageWorld;
-    use velocity_model::VelocityModel;
+    use velocity_model::{Guided, TrueCfg, VelocityModel};
 
-    let text =
-        std::fs::read_to_string(fixtures().join("qwen_image").join("pipeline.json")).unwrap();
+    let text = std::fs::read_to_string(fixtures().join("qwen_image").join(file)).unwrap();
     let f: serde_json::Value = serde_json::from_str(&text).unwrap();
     let tol = f["tolerance"]["f32_max_abs"].as_f64().unwrap();
     let image_tol = f["tolerance"]["image_max_abs"].as_f64().unwrap();
@@ -362,23 +375,55 @@ fn a_three_step_pipeline_run_matches_diffusers() {
         .unwrap()
         .model
         .valid();
+    let guidance = guided.then(|| {
+        let negative = case["negative_prompt"].as_str().unwrap();
+        let negatives = vec![negative; prompts.len()];
+        let scale = case["true_cfg_scale"].as_f64().unwrap();
+        let negative = World::<B>::encode(&world, &negatives, &device).unwrap();
+        (
+            scale,
+            Guided {
+                positive: cond.clone(),
+                negative,
+            },
+        )
+    });
     let (shape, latents) = values(&case["latents"]);
     assert_eq!(
         World::<B>::latent_shape(&world).to_vec(),
         shape[1..].to_vec()
     );
-    let mut x = Tensor::<Flex, 3>::from_data(TensorData::new(latents, shape.clone()), &device);
-    for i in 0..steps {
-        let sigma = Tensor::<Flex, 1>::from_data(
-            TensorData::new(vec![sigmas[i]; shape[0]], [shape[0]]),
-            &device,
-        );
-        let v = policy.velocity(x.clone(), sigma, &cond);
-        x = euler_step(&StepSigmas::from_schedule(sigmas, i).unwrap().into(), v, x).unwrap();
-        let (_, want) = values(&case["step_latents"][i]);
-        let err = max_abs_err(&x.clone().into_data().to_vec::<f32>().unwrap(), &want);
-        eprintln!("latents after step {i}: max abs error {err:.3e}");
-        assert!(err <= tol, "step {i}: {err:e}");
+    let start = Tensor::<Flex, 3>::from_data(TensorData::new(latents, shape.clone()), &device);
+    let sample = |guide: bool, check: bool| {
+        let mut x = start.clone();
+        for i in 0..steps {
+            let sigma = Tensor::<Flex, 1>::from_data(
+                TensorData::new(vec![sigmas[i]; shape[0]], [shape[0]]),
+                &device,
+            );
+            let v = match (&guidance, guide) {
+                (Some((scale, guided)), true) => {
+                    TrueCfg::new(&policy, *scale).velocity(x.clone(), sigma, guided)
+                }
+                _ => policy.velocity(x.clone(), sigma, &cond),
+            };
+            x = euler_step(&StepSigmas::from_schedule(sigmas, i).unwrap().into(), v, x).unwrap();
+            if check {
+                let (_, want) = values(&case["step_latents"][i]);
+                let err = max_abs_err(&x.clone().into_data().to_vec::<f32>().unwrap(), &want);
+                eprintln!("latents after step {i}: max abs error {err:.3e}");
+                assert!(err <= tol, "step {i}: {err:e}");
+            }
+        }
+        x
+    };
+    let x = sample(guided, true);
+    if guided {
+        let (_, want) = values(&case["step_latents"][steps - 1]);
+        let unguided = sample(false, false);
+        let off = max_abs_err(&unguided.into_data().to_vec::<f32>().unwrap(), &want);
+        eprintln!("the unguided run ends {off:.3e} from diffusers' guided latents");
+        assert!(off > 100.0 * tol, "guidance changed nothing: {off:e}");
     }
     let images = World::<B>::decode(&world, x).unwrap();
     let (ishape, want) = values(&case["image"]);

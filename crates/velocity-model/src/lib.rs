@@ -102,3 +102,7 @@ impl<B: Backend, const D: usize> Conditioning for TensorConditioning<B, D> {
         Self(self.0.clone().repeat_dim(0, times))
     }
 }
+
+mod guidance;
+
+pub use guidance::{Guided, TrueCfg, true_cfg};

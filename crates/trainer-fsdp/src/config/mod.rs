@@ -40,7 +40,8 @@
 //! [reward]     scorers, required_components, component_weights
 //! [checkpoint] dir, save_interval, max_to_keep (optional: keep all), resume
 //! [artifacts]  root, retention_rollouts
-//! [eval]       interval (0: never), samples_per_prompt
+//! [eval]       interval (0: never), samples_per_prompt, guidance (optional: true CFG of the
+//!              evaluations = { scale, negative_prompt })
 //! [monitor]    jsonl, tensorboard, progress      (all optional; they change no result)
 //! [data]       train, eval: prompt files in the unified JSONL schema instead of the world's
 //!              own prompts                        (optional section, both keys optional)
@@ -1392,6 +1393,24 @@ pub struct EvalSection {
     pub interval: u64,
     /// Samples per eval prompt (`--n-samples-per-eval-prompt`).
     pub samples_per_prompt: usize,
+    /// True classifier-free guidance of the evaluation's sampler (diffusers'
+    /// `QwenImagePipeline` `true_cfg_scale` and `negative_prompt`); absent: unguided, as the
+    /// rollouts sample. Rollouts are never guided (`sampling.guidance_scale` must stay 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guidance: Option<EvalGuidance>,
+}
+
+/// `eval.guidance = { scale, negative_prompt }`: every evaluation step runs the policy on the
+/// prompt and on the negative prompt and takes `neg + scale (pos - neg)`, rescaled token by
+/// token to the positive prediction's norm (`velocity_model::TrueCfg`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EvalGuidance {
+    /// The guidance scale, `> 1` (Qwen-Image's pipeline default: 4).
+    pub scale: f64,
+    /// The negative prompt of every held-out prompt (diffusers needs one to guide; `" "`
+    /// serves).
+    pub negative_prompt: String,
 }
 
 /// When progress bars draw.

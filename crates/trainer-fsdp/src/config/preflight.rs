@@ -294,6 +294,16 @@ impl TrainConfig {
                           memory; 48 already gives a standard error below 0.01 in the shapes world)",
             });
         }
+        if let Some(g) = &self.eval.guidance
+            && !(g.scale.is_finite() && g.scale > 1.0)
+        {
+            p.push(PreflightProblem::OutOfRange {
+                key: "eval.guidance.scale",
+                given: g.scale.to_string(),
+                allowed: "a finite value > 1 (at 1 guidance changes nothing but doubles the \
+                          evaluation's forwards: remove eval.guidance)",
+            });
+        }
         let rollout_samples = self
             .rollout
             .prompts_per_rollout

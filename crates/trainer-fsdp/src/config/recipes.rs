@@ -126,6 +126,7 @@ impl TrainConfig {
             eval: EvalSection {
                 interval: 10,
                 samples_per_prompt: 2,
+                guidance: None,
             },
             ema: None,
             monitor: MonitorSection::default(),
@@ -218,6 +219,7 @@ impl TrainConfig {
         c.eval = EvalSection {
             interval: 60,
             samples_per_prompt: 48,
+            guidance: None,
         };
         c
     }

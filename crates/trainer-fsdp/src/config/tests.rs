@@ -939,3 +939,31 @@ fn the_flow_grpo_fast_preset_draws_an_early_window_per_rollout() {
     }
     assert_eq!(starts.into_iter().collect::<Vec<_>>(), [1, 2, 3, 4]);
 }
+
+/// `eval.guidance`: a scale above 1 is accepted and kept in the resolved config; 1 or less is
+/// refused by name; the rollouts' `sampling.guidance_scale` stays refused.
+#[test]
+fn eval_guidance_is_checked() {
+    let with = |g: &str| {
+        TrainConfig::from_recipe(
+            RecipeName::ShapesWorldLora,
+            &Override::parse_all(&[format!("eval.guidance={g}")]).unwrap(),
+        )
+        .unwrap()
+    };
+    let c = with("{ scale = 4.0, negative_prompt = \" \" }");
+    c.preflight().unwrap();
+    assert!(c.to_toml_string().unwrap().contains("negative_prompt"));
+    let text = problems(&with("{ scale = 1.0, negative_prompt = \" \" }"));
+    assert!(
+        text.iter().any(|p| p.contains("eval.guidance.scale")),
+        "{text:?}"
+    );
+    assert!(
+        TrainConfig::from_recipe(
+            RecipeName::ShapesWorldLora,
+            &Override::parse_all(&["eval.guidance={ scale = 4.0 }"]).unwrap(),
+        )
+        .is_err()
+    );
+}
