@@ -43,12 +43,7 @@ struct CombineState {
 /// `g` scaled by one value per row.
 fn scale_rows(g: &FlexTensor, s: &[f32]) -> FlexTensor {
     let (sh, dims) = rows_of(g);
-    let zeros = vec![0f32; s.len()];
-    // g s + g 0: the zero term adds +0 or -0 to a product, which leaves it unchanged except
-    // for the sign of an exact zero.
-    let out = step::filled(sh.batch * sh.n, |o| {
-        step::combine(sh, slice(g), Some(s), slice(g), &zeros, o)
-    });
+    let out = step::filled(sh.batch * sh.n, |o| step::scale(sh, slice(g), s, o));
     from_vec(out, &dims)
 }
 

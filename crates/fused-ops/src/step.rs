@@ -2,6 +2,7 @@
 //! sample one row of `n` elements) with one scalar per row.
 //!
 //! * [`combine`]: `out = a_b x + c_b v` (a transition's mean, an Euler step, a draw);
+//! * [`scale`]: `out = a_b x` (the gradient of `combine` through one of its terms);
 //! * [`mean_square_residual`]: `mean_e (p - m)^2` per row, summed in `f64`;
 //! * [`scaled_difference`]: `out = s_b (p - m)` (that reduction's gradient);
 //! * [`round_bf16`]: each value rounded to bfloat16 and back (nearest, ties to even).
@@ -76,6 +77,37 @@ simd_dispatch!(
         o.write(*x + *v * c);
     }
 );
+
+simd_dispatch!(
+    /// `out = x a`.
+    scale_serial, scale_serial_avx2,
+    (x: &[f32], a: f32, out: &mut [MaybeUninit<f32>]),
+    for (o, x) in out.iter_mut().zip(x) {
+        o.write(*x * a);
+    }
+);
+
+/// `out = a_b x` for each row `b` (a gradient through a per-sample coefficient).
+pub(crate) fn scale(sh: Rows, x: &[f32], a: &[f32], out: &mut [MaybeUninit<f32>]) {
+    sh.check("x", x);
+    sh.check("out", out);
+    sh.check_coefs("a", a);
+    if sh.len() == 0 {
+        return;
+    }
+    if sh.parallel() {
+        let rows = out.par_chunks_mut(sh.n).zip(x.par_chunks(sh.n)).enumerate();
+        rows.for_each(|(b, (o, x))| {
+            o.par_chunks_mut(CHUNK)
+                .zip(x.par_chunks(CHUNK))
+                .for_each(|(o, x)| scale_serial(x, a[b], o))
+        });
+    } else {
+        let rows = out.chunks_mut(sh.n).zip(x.chunks(sh.n));
+        rows.enumerate()
+            .for_each(|(b, (o, x))| scale_serial(x, a[b], o));
+    }
+}
 
 /// `out = a_b x + c_b v` for each row `b`; `a = None` is `a_b = 1` (`x` taken as it is).
 pub(crate) fn combine(

@@ -121,10 +121,12 @@ fn the_mean_square_residual_is_the_f64_mean_rounded_once() {
                 "shape {shape:?}: {g} against {e}"
             );
         }
-        // burn's f32 mean agrees to its own rounding
+        // burn's f32 mean agrees to its own rounding, which grows with the row's length
+        // (7.5e-5 relative at 300 000 elements of these inputs)
         let comp = reference::mean_square_residual(p, m);
         let got = Tensor::<Flex, 1>::from_floats(got.as_slice(), &Default::default());
-        assert!(worst_rel(got, comp) < 1e-4);
+        let rel = worst_rel(got, comp);
+        assert!(rel < 5e-4, "shape {shape:?}: burn's f32 mean {rel:e} away");
     }
 }
 

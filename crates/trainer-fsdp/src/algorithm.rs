@@ -286,6 +286,24 @@ impl PolicyDiagnostics {
     }
 }
 
+/// `loss + coef * mean(kl)` when the objective has the KL term `kl` (a mean over its
+/// elements, as the clipped term's is over its `(sample, step)` elements), and that mean's
+/// value for the diagnostics; `loss` and `None` without it.
+pub(crate) fn add_kl_term<Bx: burn::tensor::backend::Backend, const D: usize>(
+    loss: Tensor<Bx, 1>,
+    kl: Option<Tensor<Bx, D>>,
+    coef: f64,
+) -> (Tensor<Bx, 1>, Option<f64>) {
+    match kl {
+        None => (loss, None),
+        Some(kl) => {
+            let kl = kl.mean();
+            let value = scalar(kl.clone());
+            (loss + kl.mul_scalar(coef), Some(value))
+        }
+    }
+}
+
 /// The scalar value of a one-element tensor (a detached host read).
 pub(crate) fn scalar<Bx: burn::tensor::backend::Backend>(t: Tensor<Bx, 1>) -> f64 {
     t.detach()
@@ -529,13 +547,8 @@ impl<B: AutodiffBackend, W: World<B>> Algorithm<B, W> for FlowGrpo {
             }
         };
         let mut diagnostics = PolicyDiagnostics::clip_only(out.diagnostics);
-        let mut loss = out.loss;
-        if let Some(kl) = kl {
-            // the mean over (sample, step) elements, as the clipped term's
-            let kl = kl.mean();
-            diagnostics.kl_ref = Some(scalar(kl.clone()));
-            loss = loss + kl.mul_scalar(self.kl_coef);
-        }
+        let (loss, kl_ref) = add_kl_term(out.loss, kl, self.kl_coef);
+        diagnostics.kl_ref = kl_ref;
         Ok(MicroBatchLoss {
             loss,
             elements: out.diagnostics.elements,

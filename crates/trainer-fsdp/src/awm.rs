@@ -25,7 +25,7 @@ use flow_grpo::{
 use velocity_model::VelocityModel;
 
 use crate::algorithm::{
-    Algorithm, PolicyDiagnostics, Recording, policy_metrics, record_anchor, scalar,
+    Algorithm, PolicyDiagnostics, Recording, add_kl_term, policy_metrics, record_anchor,
 };
 use crate::error::TrainerError;
 use crate::forward::forward_rows;
@@ -155,20 +155,13 @@ impl<B: AutodiffBackend, W: World<B>> Algorithm<B, W> for Awm {
             self.clip,
         )?;
         let mut diagnostics = PolicyDiagnostics::clip_only(out.diagnostics);
-        let mut loss = out.loss;
         // in the order pushed above: the reference's, then the EMA's
         let ema_kl = (self.ema_kl_coef != 0.0).then(|| kls.pop()).flatten();
         let ref_kl = (self.kl_coef != 0.0).then(|| kls.pop()).flatten();
-        if let Some(kl) = ref_kl {
-            let kl = kl.mean();
-            diagnostics.kl_ref = Some(scalar(kl.clone()));
-            loss = loss + kl.mul_scalar(self.kl_coef);
-        }
-        if let Some(kl) = ema_kl {
-            let kl = kl.mean();
-            diagnostics.kl_ema = Some(scalar(kl.clone()));
-            loss = loss + kl.mul_scalar(self.ema_kl_coef);
-        }
+        let (loss, kl_ref) = add_kl_term(out.loss, ref_kl, self.kl_coef);
+        let (loss, kl_ema) = add_kl_term(loss, ema_kl, self.ema_kl_coef);
+        diagnostics.kl_ref = kl_ref;
+        diagnostics.kl_ema = kl_ema;
         Ok(MicroBatchLoss {
             loss,
             elements: out.diagnostics.elements,

@@ -21,8 +21,8 @@ use burn::tensor::backend::AutodiffBackend;
 use flow_grpo::{ClipRange, PolicyAnchor, grpo_guard_loss, mean_squared_error};
 
 use crate::algorithm::{
-    Algorithm, PolicyDiagnostics, Recording, policy_metrics, record_anchor_with,
-    replay_policy_terms, sampler_parity, scalar,
+    Algorithm, PolicyDiagnostics, Recording, add_kl_term, policy_metrics, record_anchor_with,
+    replay_policy_terms, sampler_parity,
 };
 use crate::error::TrainerError;
 use crate::monitor::Metrics;
@@ -138,12 +138,8 @@ impl<B: AutodiffBackend, W: World<B>> Algorithm<B, W> for GrpoGuard {
         let advantages = ctx.advantages.tensor::<B>(&idx, ctx.device);
         let out = grpo_guard_loss(terms.log_probs, lp_old, drift, std, advantages, self.clip)?;
         let mut diagnostics = PolicyDiagnostics::clip_only(out.diagnostics);
-        let mut loss = out.loss;
-        if let Some(kl) = terms.kl {
-            let kl = kl.mean();
-            diagnostics.kl_ref = Some(scalar(kl.clone()));
-            loss = loss + kl.mul_scalar(self.kl_coef);
-        }
+        let (loss, kl_ref) = add_kl_term(out.loss, terms.kl, self.kl_coef);
+        diagnostics.kl_ref = kl_ref;
         Ok(MicroBatchLoss {
             loss,
             elements: out.diagnostics.elements,

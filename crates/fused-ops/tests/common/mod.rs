@@ -2,7 +2,7 @@
 #![allow(dead_code)]
 
 use burn::tensor::backend::Backend;
-use burn::tensor::{Distribution, Tensor};
+use burn::tensor::{Tensor, TensorData};
 
 /// The largest `|a - b| / max(1, |b|)`; fails on a NaN in either, or a shape mismatch.
 pub fn worst_rel<B: Backend, const D: usize>(a: Tensor<B, D>, b: Tensor<B, D>) -> f64 {
@@ -45,5 +45,26 @@ pub fn worst_scaled<B: Backend, const D: usize>(a: Tensor<B, D>, b: Tensor<B, D>
 }
 
 pub fn random<B: Backend, const D: usize>(shape: [usize; D], scale: f64) -> Tensor<B, D> {
-    Tensor::random(shape, Distribution::Normal(0.0, scale), &Default::default())
+    // each test runs on its own thread: its draws are the n-th of that thread, whatever the
+    // other tests do, so every run of a test sees the same values
+    thread_local!(static DRAWS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) });
+    let draw = DRAWS.with(|d| {
+        let n = d.get();
+        d.set(n + 1);
+        n
+    });
+    let len: usize = shape.iter().product();
+    let mut rng =
+        keyed_rng::SplitMix64::new(0xF05E_D000 ^ draw.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    let mut values = Vec::with_capacity(len + 1);
+    while values.len() < len {
+        // Box-Muller: two normals per pair of uniforms
+        let (u1, u2) = (rng.open_unit_f64(), rng.unit_f64());
+        let r = (-2.0 * u1.ln()).sqrt() * scale;
+        let t = std::f64::consts::TAU * u2;
+        values.push((r * t.cos()) as f32);
+        values.push((r * t.sin()) as f32);
+    }
+    values.truncate(len);
+    Tensor::from_data(TensorData::new(values, shape), &Default::default())
 }

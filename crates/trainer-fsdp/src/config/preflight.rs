@@ -676,6 +676,30 @@ impl TrainConfig {
     }
 }
 
+/// FlowGRPO's trust region as its objectives share it (FlowGRPO, GRPO-Guard): the PPO clip
+/// range and the KL coefficient, each validated (every problem pushed to `p`).
+fn check_flow_grpo_trust(
+    eps_clip: f64,
+    eps_clip_high: Option<f64>,
+    kl_coef: f64,
+    p: &mut Vec<PreflightProblem>,
+) -> (Option<ClipRange>, Option<f64>) {
+    let clip_range = check_clip_range(
+        eps_clip,
+        eps_clip_high,
+        false,
+        "a finite value in (0, 1) (FlowGRPO uses 1e-4)",
+        p,
+    );
+    let kl_coef = check_kl_coef(
+        "algorithm.kl_coef",
+        kl_coef,
+        "a finite value >= 0 (flow_grpo uses 0.04 on GenEval, 0 on PickScore)",
+        p,
+    );
+    (clip_range, kl_coef)
+}
+
 /// The objective of `[algorithm]`, validated (every problem pushed to `p`).
 fn check_algorithm(
     a: &AlgorithmSection,
@@ -684,19 +708,8 @@ fn check_algorithm(
 ) -> Option<AlgorithmPlan> {
     match a {
         AlgorithmSection::FlowGrpo(g) => {
-            let clip_range = check_clip_range(
-                g.eps_clip,
-                g.eps_clip_high,
-                false,
-                "a finite value in (0, 1) (FlowGRPO uses 1e-4)",
-                p,
-            );
-            let kl_coef = check_kl_coef(
-                "algorithm.kl_coef",
-                g.kl_coef,
-                "a finite value >= 0 (flow_grpo uses 0.04 on GenEval, 0 on PickScore)",
-                p,
-            );
+            let (clip_range, kl_coef) =
+                check_flow_grpo_trust(g.eps_clip, g.eps_clip_high, g.kl_coef, p);
             let timestep_subset = match g.timestep_fraction {
                 None => Some(None),
                 Some(fraction) if fraction.is_finite() && fraction > 0.0 && fraction <= 1.0 => {
@@ -822,19 +835,8 @@ fn check_algorithm(
             })
         }
         AlgorithmSection::GrpoGuard(g) => {
-            let clip_range = check_clip_range(
-                g.eps_clip,
-                g.eps_clip_high,
-                false,
-                "a finite value in (0, 1) (FlowGRPO uses 1e-4)",
-                p,
-            );
-            let kl_coef = check_kl_coef(
-                "algorithm.kl_coef",
-                g.kl_coef,
-                "a finite value >= 0 (flow_grpo uses 0.04 on GenEval, 0 on PickScore)",
-                p,
-            );
+            let (clip_range, kl_coef) =
+                check_flow_grpo_trust(g.eps_clip, g.eps_clip_high, g.kl_coef, p);
             Some(AlgorithmPlan::GrpoGuard {
                 clip_range: clip_range?,
                 kl_coef: kl_coef?,
