@@ -652,9 +652,42 @@ fn dance_grpo_trains_on_per_sample_subsets() {
         !seen.is_empty() && seen.iter().all(|s| s == &[0, 1, 2, 3, 4]),
         "{seen:?}"
     );
+    // with the sampler's log-probs as pi_old, each sample's are picked at its own steps: the
+    // first update's ratios stay at 1 to float rounding
+    let dir = tempfile::tempdir().unwrap();
+    let mut run: GaussianRun = start_with(
+        dir.path(),
+        2,
+        "dance_grpo",
+        &[
+            "sampling.sde_indices=[0, 1, 2, 3, 4]",
+            "sampling.num_sde_steps=5",
+            "algorithm.anchor=\"rollout\"",
+        ],
+    );
+    run.run(&StopFlag::new()).unwrap();
+    let records = read_jsonl(&dir.path().join("run").join("metrics.jsonl")).unwrap();
+    let rollout_parity: Vec<f64> = records
+        .iter()
+        .filter_map(|r| {
+            r.metrics
+                .get(names::TRAIN_LOGP_PARITY_MAX_ABS)
+                .copied()
+                .flatten()
+        })
+        .collect();
+    assert_eq!(rollout_parity.len(), 2);
+    assert!(
+        rollout_parity.iter().all(|p| p.is_finite() && *p < 1e-4),
+        "{rollout_parity:?}"
+    );
     println!(
-        "test dance_grpo_trains_on_per_sample_subsets ... ok (held-out closeness {:.3} ± {:.3} -> {:.3} ± {:.3})",
-        a.reward, a.stderr, b.reward, b.stderr
+        "test dance_grpo_trains_on_per_sample_subsets ... ok (held-out closeness {:.3} ± {:.3} -> {:.3} ± {:.3}; rollout anchor parity {:.1e})",
+        a.reward,
+        a.stderr,
+        b.reward,
+        b.stderr,
+        rollout_parity.iter().fold(0.0f64, |m, p| m.max(*p))
     );
 }
 
