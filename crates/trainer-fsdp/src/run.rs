@@ -1780,10 +1780,13 @@ where
     let samples = match guidance {
         None => sample_deterministic(world, model, &cond, x_t, spec, threads)?,
         Some(g) => {
-            let negatives = vec![g.negative_prompt.as_str(); all.len()];
+            // one encoding of the negative prompt, its row repeated for every sample
+            let negative = world
+                .encode(&[g.negative_prompt.as_str()], device)?
+                .repeat_rows(all.len());
             let guided = Guided {
                 positive: cond,
-                negative: world.encode(&negatives, device)?,
+                negative,
             };
             sample_deterministic(
                 world,

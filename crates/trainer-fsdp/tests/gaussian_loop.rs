@@ -19,7 +19,9 @@ use std::time::{Duration, Instant};
 
 use crash_harness::{Harness, say};
 use gaussian_world::*;
-use trainer_fsdp::{StopFlag, TrainerError, TrainerRng, WritePhase, names, read_jsonl};
+use trainer_fsdp::{
+    EvalSummary, StopFlag, TrainerError, TrainerRng, WritePhase, names, read_jsonl,
+};
 
 const ROLLOUTS: u64 = 8;
 /// Rollouts of the child runs under a `durable/` directory (the kill-before-every-step trials:
@@ -95,14 +97,7 @@ fn the_reward_rises() {
         (a.reward - base).abs() < 5.0 * a.stderr + 0.05,
         "base policy: {a:?}, expected about {base}"
     );
-    assert!(
-        b.reward > a.reward + 0.3 && b.reward - a.reward > 10.0 * b.stderr.max(a.stderr),
-        "held-out closeness {:.3} ± {:.3} -> {:.3} ± {:.3} did not rise",
-        a.reward,
-        a.stderr,
-        b.reward,
-        b.stderr
-    );
+    assert_rose("", &a, &b, 0.3, 10.0);
     let d = delta(&run);
     let mean = d.iter().sum::<f32>() / d.len() as f32;
     assert!(
@@ -130,27 +125,11 @@ fn the_rollout_anchor_trains_too() {
     let mut run = start(dir.path(), ROLLOUTS, &["algorithm.anchor=\"rollout\""]);
     let summary = run.run(&StopFlag::new()).unwrap();
     let (a, b) = (summary.initial_eval.unwrap(), summary.final_eval.unwrap());
-    assert!(
-        b.reward > a.reward + 0.3 && b.reward - a.reward > 10.0 * b.stderr.max(a.stderr),
-        "held-out closeness {:.3} ± {:.3} -> {:.3} ± {:.3} did not rise",
-        a.reward,
-        a.stderr,
-        b.reward,
-        b.stderr
-    );
+    assert_rose("", &a, &b, 0.3, 10.0);
     let resolved =
         std::fs::read_to_string(dir.path().join("run").join("config.resolved.toml")).unwrap();
     assert!(resolved.contains("anchor = \"rollout\""), "{resolved}");
-    let records = read_jsonl(&dir.path().join("run").join("metrics.jsonl")).unwrap();
-    let parities: Vec<f64> = records
-        .iter()
-        .filter_map(|r| {
-            r.metrics
-                .get(names::TRAIN_LOGP_PARITY_MAX_ABS)
-                .copied()
-                .flatten()
-        })
-        .collect();
+    let parities = logged(dir.path(), names::TRAIN_LOGP_PARITY_MAX_ABS);
     assert_eq!(parities.len(), ROLLOUTS as usize, "one parity per rollout");
     let worst = parities.iter().fold(0.0f64, |acc, p| {
         assert!(p.is_finite(), "parity {p}");
@@ -176,14 +155,7 @@ fn awm_trains_on_clean_endpoints() {
         let mut run = start_awm(dir.path(), ROLLOUTS, &[&w]);
         let summary = run.run(&StopFlag::new()).unwrap();
         let (a, b) = (summary.initial_eval.unwrap(), summary.final_eval.unwrap());
-        assert!(
-            b.reward > a.reward + 0.3 && b.reward - a.reward > 10.0 * b.stderr.max(a.stderr),
-            "AWM ({weighting}): held-out closeness {:.3} ± {:.3} -> {:.3} ± {:.3} did not rise",
-            a.reward,
-            a.stderr,
-            b.reward,
-            b.stderr
-        );
+        assert_rose(&format!("AWM ({weighting}): "), &a, &b, 0.3, 10.0);
         let d = delta(&run);
         let mean = d.iter().sum::<f32>() / d.len() as f32;
         assert!(
@@ -355,14 +327,7 @@ fn nft_trains_on_deterministic_rollouts() {
     let mut run = start_nft(dir.path(), ROLLOUTS, &[]);
     let summary = run.run(&StopFlag::new()).unwrap();
     let (a, b) = (summary.initial_eval.unwrap(), summary.final_eval.unwrap());
-    assert!(
-        b.reward > a.reward + 0.3 && b.reward - a.reward > 5.0 * b.stderr.max(a.stderr),
-        "NFT: held-out closeness {:.3} ± {:.3} -> {:.3} ± {:.3} did not rise",
-        a.reward,
-        a.stderr,
-        b.reward,
-        b.stderr
-    );
+    assert_rose("NFT: ", &a, &b, 0.3, 5.0);
     let live = delta(&run);
     let mean = live.iter().sum::<f32>() / live.len() as f32;
     assert!(mean > 0.15, "NFT: the offset did not move: {live:?}");
@@ -427,36 +392,17 @@ fn dpo_trains_on_each_groups_best_and_worst() {
     let mut run = start_dpo(dir.path(), ROLLOUTS, &[]);
     let summary = run.run(&StopFlag::new()).unwrap();
     let (a, b) = (summary.initial_eval.unwrap(), summary.final_eval.unwrap());
-    assert!(
-        b.reward > a.reward + 0.3 && b.reward - a.reward > 5.0 * b.stderr.max(a.stderr),
-        "DPO: held-out closeness {:.3} ± {:.3} -> {:.3} ± {:.3} did not rise",
-        a.reward,
-        a.stderr,
-        b.reward,
-        b.stderr
-    );
+    assert_rose("DPO: ", &a, &b, 0.3, 5.0);
     let d = delta(&run);
     let mean = d.iter().sum::<f32>() / d.len() as f32;
     assert!(mean > 0.15, "DPO: the offset did not move: {d:?}");
-    let records = read_jsonl(&dir.path().join("run").join("metrics.jsonl")).unwrap();
-    let accuracy: Vec<f64> = records
-        .iter()
-        .filter_map(|r| {
-            r.metrics
-                .get(names::TRAIN_DPO_IMPLICIT_ACCURACY)
-                .copied()
-                .flatten()
-        })
-        .collect();
+    let accuracy = logged(dir.path(), names::TRAIN_DPO_IMPLICIT_ACCURACY);
     assert_eq!(accuracy.len() as u64, ROLLOUTS);
     assert!(
         accuracy.iter().all(|a| (0.0..=1.0).contains(a)),
         "{accuracy:?}"
     );
-    let pairs = records
-        .iter()
-        .find_map(|r| r.metrics.get(names::TRAIN_DPO_PAIRS).copied().flatten())
-        .unwrap();
+    let pairs = logged(dir.path(), names::TRAIN_DPO_PAIRS)[0];
     // 4 groups of 4 over 2 updates, 2 timesteps: 2 pairs x 2 timesteps per update
     assert_eq!(pairs, 4.0);
     let none = tempfile::tempdir().unwrap();
@@ -496,14 +442,7 @@ fn dpok_trains_with_its_clamped_ratio() {
     );
     let summary = run.run(&StopFlag::new()).unwrap();
     let (a, b) = (summary.initial_eval.unwrap(), summary.final_eval.unwrap());
-    assert!(
-        b.reward > a.reward + 0.3 && b.reward - a.reward > 5.0 * b.stderr.max(a.stderr),
-        "DPOK: held-out closeness {:.3} ± {:.3} -> {:.3} ± {:.3} did not rise",
-        a.reward,
-        a.stderr,
-        b.reward,
-        b.stderr
-    );
+    assert_rose("DPOK: ", &a, &b, 0.3, 5.0);
     let records = read_jsonl(&dir.path().join("run").join("metrics.jsonl")).unwrap();
     let kls = records
         .iter()
@@ -528,24 +467,8 @@ fn grpo_guard_trains_with_its_regulated_ratio() {
     );
     let summary = run.run(&StopFlag::new()).unwrap();
     let (a, b) = (summary.initial_eval.unwrap(), summary.final_eval.unwrap());
-    assert!(
-        b.reward > a.reward + 0.3 && b.reward - a.reward > 5.0 * b.stderr.max(a.stderr),
-        "GRPO-Guard: held-out closeness {:.3} ± {:.3} -> {:.3} ± {:.3} did not rise",
-        a.reward,
-        a.stderr,
-        b.reward,
-        b.stderr
-    );
-    let records = read_jsonl(&dir.path().join("run").join("metrics.jsonl")).unwrap();
-    let parity: Vec<f64> = records
-        .iter()
-        .filter_map(|r| {
-            r.metrics
-                .get(names::TRAIN_LOGP_PARITY_MAX_ABS)
-                .copied()
-                .flatten()
-        })
-        .collect();
+    assert_rose("GRPO-Guard: ", &a, &b, 0.3, 5.0);
+    let parity = logged(dir.path(), names::TRAIN_LOGP_PARITY_MAX_ABS);
     assert_eq!(parity.len() as u64, ROLLOUTS);
     assert!(parity.iter().all(|p| *p < 1e-5), "{parity:?}");
     println!(
@@ -583,19 +506,8 @@ fn mix_grpo_trains_on_its_sliding_window() {
     let mut run: GaussianRun = start_with(dir.path(), ROLLOUTS, "mix_grpo", &[]);
     let summary = run.run(&StopFlag::new()).unwrap();
     let (a, b) = (summary.initial_eval.unwrap(), summary.final_eval.unwrap());
-    assert!(
-        b.reward > a.reward + 0.3 && b.reward - a.reward > 5.0 * b.stderr.max(a.stderr),
-        "MixGRPO: held-out closeness {:.3} ± {:.3} -> {:.3} ± {:.3} did not rise",
-        a.reward,
-        a.stderr,
-        b.reward,
-        b.stderr
-    );
-    let mut seen: Vec<Vec<usize>> = walk(&dir.path().join("artifacts"))
-        .into_iter()
-        .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
-        .map(|p| trajectory::read_sidecar(&p).unwrap().common.sde_indices)
-        .collect();
+    assert_rose("MixGRPO: ", &a, &b, 0.3, 5.0);
+    let mut seen: Vec<Vec<usize>> = stored_steps(dir.path());
     seen.sort();
     seen.dedup();
     // the last rollouts kept on disk are past the first shift (6 steps, span [1, 5))
@@ -623,31 +535,11 @@ fn dance_grpo_trains_on_per_sample_subsets() {
     );
     let summary = run.run(&StopFlag::new()).unwrap();
     let (a, b) = (summary.initial_eval.unwrap(), summary.final_eval.unwrap());
-    assert!(
-        b.reward > a.reward + 0.3 && b.reward - a.reward > 5.0 * b.stderr.max(a.stderr),
-        "DanceGRPO: held-out closeness {:.3} ± {:.3} -> {:.3} ± {:.3} did not rise",
-        a.reward,
-        a.stderr,
-        b.reward,
-        b.stderr
-    );
-    let records = read_jsonl(&dir.path().join("run").join("metrics.jsonl")).unwrap();
-    let parity: Vec<f64> = records
-        .iter()
-        .filter_map(|r| {
-            r.metrics
-                .get(names::TRAIN_LOGP_PARITY_MAX_ABS)
-                .copied()
-                .flatten()
-        })
-        .collect();
+    assert_rose("DanceGRPO: ", &a, &b, 0.3, 5.0);
+    let parity = logged(dir.path(), names::TRAIN_LOGP_PARITY_MAX_ABS);
     assert_eq!(parity.len() as u64, ROLLOUTS);
     assert!(parity.iter().all(|p| *p < 1e-5), "{parity:?}");
-    let seen: Vec<Vec<usize>> = walk(&dir.path().join("artifacts"))
-        .into_iter()
-        .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
-        .map(|p| trajectory::read_sidecar(&p).unwrap().common.sde_indices)
-        .collect();
+    let seen: Vec<Vec<usize>> = stored_steps(dir.path());
     assert!(
         !seen.is_empty() && seen.iter().all(|s| s == &[0, 1, 2, 3, 4]),
         "{seen:?}"
@@ -666,16 +558,7 @@ fn dance_grpo_trains_on_per_sample_subsets() {
         ],
     );
     run.run(&StopFlag::new()).unwrap();
-    let records = read_jsonl(&dir.path().join("run").join("metrics.jsonl")).unwrap();
-    let rollout_parity: Vec<f64> = records
-        .iter()
-        .filter_map(|r| {
-            r.metrics
-                .get(names::TRAIN_LOGP_PARITY_MAX_ABS)
-                .copied()
-                .flatten()
-        })
-        .collect();
+    let rollout_parity = logged(dir.path(), names::TRAIN_LOGP_PARITY_MAX_ABS);
     assert_eq!(rollout_parity.len(), 2);
     assert!(
         rollout_parity.iter().all(|p| p.is_finite() && *p < 1e-4),
@@ -705,19 +588,8 @@ fn flow_grpo_fast_trains_on_a_random_window() {
     );
     let summary = run.run(&StopFlag::new()).unwrap();
     let (a, b) = (summary.initial_eval.unwrap(), summary.final_eval.unwrap());
-    assert!(
-        b.reward > a.reward + 0.3 && b.reward - a.reward > 5.0 * b.stderr.max(a.stderr),
-        "Flow-GRPO-Fast: held-out closeness {:.3} ± {:.3} -> {:.3} ± {:.3} did not rise",
-        a.reward,
-        a.stderr,
-        b.reward,
-        b.stderr
-    );
-    let mut seen: Vec<Vec<usize>> = walk(&dir.path().join("artifacts"))
-        .into_iter()
-        .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
-        .map(|p| trajectory::read_sidecar(&p).unwrap().common.sde_indices)
-        .collect();
+    assert_rose("Flow-GRPO-Fast: ", &a, &b, 0.3, 5.0);
+    let mut seen: Vec<Vec<usize>> = stored_steps(dir.path());
     seen.sort();
     seen.dedup();
     assert!(
@@ -754,13 +626,7 @@ fn guided_evaluation_samples_under_true_cfg() {
         b0.reward,
         a0.reward
     );
-    let first = |dir: &Path| {
-        read_jsonl(&dir.join("run").join("metrics.jsonl"))
-            .unwrap()
-            .iter()
-            .find_map(|r| r.metrics.get("reward/closeness_mean").copied().flatten())
-            .unwrap()
-    };
+    let first = |dir: &Path| logged(dir, "reward/closeness_mean")[0];
     assert_eq!(first(plain_dir.path()), first(guided_dir.path()));
     println!(
         "test guided_evaluation_samples_under_true_cfg ... ok (held-out closeness {:.3} unguided, {:.3} guided away from class 0)",
@@ -776,24 +642,8 @@ fn fdfo_trains_on_paired_differences() {
     let mut run = start_fdfo(dir.path(), ROLLOUTS, &[]);
     let summary = run.run(&StopFlag::new()).unwrap();
     let (a, b) = (summary.initial_eval.unwrap(), summary.final_eval.unwrap());
-    assert!(
-        b.reward > a.reward + 0.1 && b.reward - a.reward > 3.0 * b.stderr.max(a.stderr),
-        "FDFO: held-out closeness {:.3} ± {:.3} -> {:.3} ± {:.3} did not rise",
-        a.reward,
-        a.stderr,
-        b.reward,
-        b.stderr
-    );
-    let records = read_jsonl(&dir.path().join("run").join("metrics.jsonl")).unwrap();
-    let ratios: Vec<f64> = records
-        .iter()
-        .filter_map(|r| {
-            r.metrics
-                .get(names::TRAIN_SPO_RATIO_MEAN)
-                .copied()
-                .flatten()
-        })
-        .collect();
+    assert_rose("FDFO: ", &a, &b, 0.1, 3.0);
+    let ratios = logged(dir.path(), names::TRAIN_SPO_RATIO_MEAN);
     assert_eq!(ratios.len() as u64, ROLLOUTS);
     assert!(
         ratios.iter().all(|r| r.is_finite() && *r > 0.0),
@@ -888,6 +738,37 @@ fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
         }
     }
     out
+}
+
+/// Fails unless the held-out reward rose from `a` to `b` by more than `by` and by more than
+/// `k` standard errors of the noisier evaluation; `what` prefixes the message.
+fn assert_rose(what: &str, a: &EvalSummary, b: &EvalSummary, by: f64, k: f64) {
+    assert!(
+        b.reward > a.reward + by && b.reward - a.reward > k * b.stderr.max(a.stderr),
+        "{what}held-out closeness {:.3} ± {:.3} -> {:.3} ± {:.3} did not rise",
+        a.reward,
+        a.stderr,
+        b.reward,
+        b.stderr
+    );
+}
+
+/// Every value of metric `name` the run under `dir` logged, in order.
+fn logged(dir: &Path, name: &str) -> Vec<f64> {
+    read_jsonl(&dir.join("run").join("metrics.jsonl"))
+        .unwrap()
+        .iter()
+        .filter_map(|r| r.metrics.get(name).copied().flatten())
+        .collect()
+}
+
+/// The trained steps of every trajectory sidecar kept under `dir/artifacts`.
+fn stored_steps(dir: &Path) -> Vec<Vec<usize>> {
+    walk(&dir.join("artifacts"))
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
+        .map(|p| trajectory::read_sidecar(&p).unwrap().common.sde_indices)
+        .collect()
 }
 
 fn sigkill_and_resume() {
