@@ -1,5 +1,6 @@
-//! Throughput of the Qwen-Image transformer on the CPU backend (burn's Flex), LoRA rank 8 on
-//! the eight attention projections, at three configurations:
+//! Throughput of the Qwen-Image transformer on burn's CPU backends, LoRA rank 8 on the eight
+//! attention projections, at three configurations, each on Flex (the default CPU backend, with
+//! `fused-ops`' kernels) and on NdArray (burn's generic compositions, no BLAS):
 //!
 //! * `shapes_transformer`: the shapes world's generator (`fixtures/shapes_world`: 4 blocks of
 //!   width 128, 64 image + 12 text tokens), the model behind every rollout step and every
@@ -10,6 +11,9 @@
 //!   tokens (two of the four rows padded), batch 4, at 256 and at 1024 image tokens: where
 //!   attention's cost shows (`forward/256`, `forward_backward/256`, `forward/1024`,
 //!   `forward_backward/1024`).
+//!
+//! Group names end in the backend (`shapes_transformer/flex`, `shapes_transformer/ndarray`);
+//! `cargo bench --bench transformer -- /flex` runs one backend.
 //!
 //! `cargo bench --bench transformer`; `benches/reference/transformer_torch.py` is the same
 //! work in PyTorch (diffusers + peft) and `benches/reference/compare_transformer.py` runs both
@@ -24,7 +28,7 @@ mod common;
 
 use std::path::Path;
 
-use burn::backend::{Autodiff, Flex};
+use burn::backend::{Autodiff, Flex, NdArray};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Bool, Distribution, Tensor, TensorData};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
@@ -75,22 +79,27 @@ fn shapes(c: &mut Criterion) {
     // As the main job runs: freed pages stay with the process (docs/PERFORMANCE.md, "The
     // allocator"), so the figures are the model's and not the kernel's page zeroing.
     common::keep_freed_pages();
-    let device = Default::default();
-    let mut group = c.benchmark_group("shapes_transformer/flex");
+    shapes_on::<Flex>(c, "flex");
+    shapes_on::<NdArray>(c, "ndarray");
+}
 
-    let g = generator::<Flex>(&device);
+fn shapes_on<B: Backend>(c: &mut Criterion, backend: &str) {
+    let device = Default::default();
+    let mut group = c.benchmark_group(format!("shapes_transformer/{backend}"));
+
+    let g = generator::<B>(&device);
     let batch = 32;
     let (x, sigma, cond) = inputs(&g, batch, &device);
     group.throughput(Throughput::Elements(batch as u64));
     group.bench_function("forward/32", |b| {
         b.iter(|| {
             let v = g.dit.velocity(x.clone(), sigma.clone(), &cond);
-            Flex::sync(&device).unwrap();
+            B::sync(&device).unwrap();
             v
         })
     });
 
-    let g = generator::<Autodiff<Flex>>(&device);
+    let g = generator::<Autodiff<B>>(&device);
     let batch = 16;
     let (x, sigma, cond) = inputs(&g, batch, &device);
     group.throughput(Throughput::Elements(batch as u64));
@@ -98,7 +107,7 @@ fn shapes(c: &mut Criterion) {
         b.iter(|| {
             let v = g.dit.velocity(x.clone(), sigma.clone(), &cond);
             let grads = (v.clone() * v).mean().backward();
-            Flex::sync(&device).unwrap();
+            B::sync(&device).unwrap();
             grads
         })
     });
@@ -166,27 +175,32 @@ fn clone_input<B: Backend>(i: &QwenImageInput<B>) -> QwenImageInput<B> {
 }
 
 fn mid(c: &mut Criterion) {
+    mid_on::<Flex>(c, "flex");
+    mid_on::<NdArray>(c, "ndarray");
+}
+
+fn mid_on<B: Backend>(c: &mut Criterion, backend: &str) {
     let device = Default::default();
-    let mut group = c.benchmark_group("mid_transformer/flex");
+    let mut group = c.benchmark_group(format!("mid_transformer/{backend}"));
     group.throughput(Throughput::Elements(MID_BATCH as u64));
-    let model = mid_model::<Flex>(&device);
-    let trained = mid_model::<Autodiff<Flex>>(&device);
+    let model = mid_model::<B>(&device);
+    let trained = mid_model::<Autodiff<B>>(&device);
     for side in [16, 32] {
         let tokens = side * side;
-        let input = mid_input::<Flex>(side, &device);
+        let input = mid_input::<B>(side, &device);
         group.bench_function(format!("forward/{tokens}"), |b| {
             b.iter(|| {
                 let v = model.forward(clone_input(&input));
-                Flex::sync(&device).unwrap();
+                B::sync(&device).unwrap();
                 v
             })
         });
-        let input = mid_input::<Autodiff<Flex>>(side, &device);
+        let input = mid_input::<Autodiff<B>>(side, &device);
         group.bench_function(format!("forward_backward/{tokens}"), |b| {
             b.iter(|| {
                 let v = trained.forward(clone_input(&input));
                 let grads = (v.clone() * v).mean().backward();
-                Flex::sync(&device).unwrap();
+                B::sync(&device).unwrap();
                 grads
             })
         });

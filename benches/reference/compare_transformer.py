@@ -24,14 +24,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def rust_round(threads, only):
     env = dict(os.environ, RAYON_NUM_THREADS=str(threads))
-    cmd = ["cargo", "bench", "--bench", "transformer", "--", "--noplot"]
-    if only:
-        cmd.append(only)
+    # the PyTorch side is one backend: compare Flex's rows (the bench has NdArray's too)
+    cmd = ["cargo", "bench", "--bench", "transformer", "--", "--noplot", only or "/flex/"]
     subprocess.run(cmd, cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL)
     out = {}
     for bench in (ROOT / "target" / "criterion").rglob("new/benchmark.json"):
         full_id = json.loads(bench.read_text())["full_id"]
-        if only and only not in full_id:
+        if (only or "/flex/") not in full_id:
             continue
         est = json.loads((bench.parent / "estimates.json").read_text())
         out[full_id] = est["median"]["point_estimate"] / 1e6

@@ -35,7 +35,7 @@
 //!     render(&SceneSpec::parse("a blue circle").unwrap(), 2, &RenderOptions::default()).image,
 //! ];
 //! let batch = Batch::images_and_prompts(&images, &prompts).unwrap();
-//! let mut scores = ShapesScorer.score(batch).unwrap();
+//! let mut scores = ShapesScorer::default().score(batch).unwrap();
 //! let jpeg = JpegScorer::ddpo(JpegReward::Compressibility).score(batch).unwrap();
 //! for (s, j) in scores.iter_mut().zip(&jpeg) {
 //!     s.insert("jpeg_compressibility", j.get("jpeg_compressibility").unwrap());

@@ -131,7 +131,7 @@ fn scorers_into_groups_end_to_end() {
     let batch = Batch::images_and_prompts(&images, &prompts).unwrap();
     // scorers are used through the trait object, as a trainer holds them
     let scorers: Vec<Box<dyn Scorer>> = vec![
-        Box::new(ShapesScorer),
+        Box::new(ShapesScorer::default()),
         Box::new(JpegScorer::ddpo(JpegReward::Compressibility)),
     ];
     let mut scores = vec![Components::new(); batch.len()];

@@ -2,7 +2,7 @@
 //! are the union of the scorers' (preflight refuses two scorers producing one component).
 
 use burn::tensor::backend::Backend;
-use reward::shapes::ShapesScorer;
+use reward::shapes::{ShapeCredit, ShapesScorer};
 use reward::{
     Batch, Components, Input, JpegReward, JpegScorer, PickScore, PickScoreOptions, RewardError,
     Scorer,
@@ -41,7 +41,8 @@ where
                 });
             }
         },
-        ScorerSpec::Shapes => Box::new(ShapesScorer),
+        ScorerSpec::Shapes => Box::new(ShapesScorer::default()),
+        ScorerSpec::ShapesGraded => Box::new(ShapesScorer::with_credit(ShapeCredit::GRADED)),
         ScorerSpec::JpegCompressibility => Box::new(JpegScorer::ddpo(JpegReward::Compressibility)),
         ScorerSpec::JpegIncompressibility => {
             Box::new(JpegScorer::ddpo(JpegReward::Incompressibility))

@@ -604,7 +604,7 @@ impl<Bi: Backend> ShapesWorld<Bi> {
         // the world's own reward is the composition judge
         let judge = |components: &[String]| -> Result<SharedScorer, TrainerError> {
             if components == [SHAPES_COMPONENT] {
-                Ok(Box::new(ShapesScorer))
+                Ok(Box::new(ShapesScorer::default()))
             } else {
                 Err(TrainerError::NoWorldReward {
                     components: components.to_vec(),
@@ -638,7 +638,7 @@ impl<Bi: Backend> ShapesWorld<Bi> {
             held_out,
             held_out_prompts,
             train_pool: None,
-            scorer: Box::new(ShapesScorer),
+            scorer: Box::new(ShapesScorer::default()),
         })
     }
 

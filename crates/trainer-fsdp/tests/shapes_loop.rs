@@ -72,7 +72,7 @@ fn one_full_iteration_end_to_end() {
             .all(|g| g.samples.len() == 4 && g.samples[0].contains_key("shapes"))
     );
     // the shapes scorer itself scores the same images (the tiny random model draws nothing)
-    let shapes_scores = ShapesScorer
+    let shapes_scores = ShapesScorer::default()
         .score(Batch::new(Some(&batch.samples), None, None).unwrap())
         .map(|_| ());
     assert!(
@@ -151,13 +151,17 @@ impl Scorer for NanForFirstGroup {
         "nan-for-first-group".into()
     }
     fn required_inputs(&self) -> &[Input] {
-        ShapesScorer.required_inputs()
+        &[Input::Image, Input::Prompt]
     }
     fn components(&self) -> Vec<String> {
-        ShapesScorer.components()
+        ShapesScorer::default().components()
     }
     fn score_chunk(&self, batch: Batch<'_>) -> Result<Vec<Components>, RewardError> {
-        let mut out = ShapesScorer.score_chunk(batch)?;
+        assert_eq!(
+            self.required_inputs(),
+            ShapesScorer::default().required_inputs()
+        );
+        let mut out = ShapesScorer::default().score_chunk(batch)?;
         for c in out.iter_mut().take(self.0) {
             c.insert("shapes", f64::NAN);
         }

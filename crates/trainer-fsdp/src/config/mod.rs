@@ -1249,8 +1249,13 @@ impl StorageKind {
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
 pub enum ScorerSpec {
     /// `"shapes"`: the shapes world's verifiable composition judge (component `shapes`, plus
-    /// per-constraint details).
+    /// per-constraint details); an object is the shape of its best-fitting template, all or
+    /// nothing (`reward::shapes::ShapeCredit::BestFit`).
     Shapes,
+    /// `"shapes_graded"`: the same judge crediting an object's shape by how far its template
+    /// fit leads the other shapes' (`reward::shapes::ShapeCredit::GRADED`: full at a lead of
+    /// 0.04, one half at a tie); component `shapes`.
+    ShapesGraded,
     /// `"jpeg_compressibility"`: DDPO's `-size_kb` at JPEG quality 95.
     JpegCompressibility,
     /// `"jpeg_incompressibility"`: DDPO's `+size_kb`.
@@ -1274,7 +1279,9 @@ impl ScorerSpec {
     /// The components every sample gets from this scorer.
     pub fn components(&self) -> Vec<String> {
         match self {
-            ScorerSpec::Shapes => vec![reward::shapes::SHAPES_COMPONENT.into()],
+            ScorerSpec::Shapes | ScorerSpec::ShapesGraded => {
+                vec![reward::shapes::SHAPES_COMPONENT.into()]
+            }
             ScorerSpec::JpegCompressibility => vec!["jpeg_compressibility".into()],
             ScorerSpec::JpegIncompressibility => vec!["jpeg_incompressibility".into()],
             ScorerSpec::Pickscore { .. } => vec![reward::PICKSCORE_COMPONENT.into()],

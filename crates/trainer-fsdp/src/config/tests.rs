@@ -348,6 +348,21 @@ fn scorers_must_produce_the_configured_components() {
     c.reward.scorers.clear();
     assert!(problems(&c)[0].contains("reward.scorers = []"));
 
+    // the judge's graded shape credit is a scorer of its own, producing the same component,
+    // so it replaces the default rather than joining it
+    let o = Override::parse_all(&["reward.scorers=[\"shapes_graded\"]"]).unwrap();
+    let c = TrainConfig::from_toml_str("recipe = \"shapes_world_lora\"", None, &o).unwrap();
+    assert_eq!(c.reward.scorers, vec![ScorerSpec::ShapesGraded]);
+    assert!(problems(&c).is_empty(), "{:#?}", problems(&c));
+    let mut c = TrainConfig::shapes_world_lora();
+    c.reward.scorers.push(ScorerSpec::ShapesGraded);
+    let text = problems(&c);
+    assert_eq!(text.len(), 1, "{text:#?}");
+    assert!(
+        text[0].contains("both produce component \"shapes\""),
+        "{text:#?}"
+    );
+
     // an optional component from a second scorer is fine
     let mut c = TrainConfig::shapes_world_lora();
     c.reward.scorers.push(ScorerSpec::JpegIncompressibility);
