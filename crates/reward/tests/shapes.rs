@@ -390,7 +390,7 @@ fn detections_match_what_was_drawn() {
         assert!(
             (m.centroid.0 - obj.centre.0).abs() < 1.0 && (m.centroid.1 - obj.centre.1).abs() < 1.0
         );
-        assert!(m.fit > 0.7, "{m:?}");
+        assert!(m.fit() > 0.7, "{m:?}");
     }
 }
 
@@ -598,10 +598,10 @@ fn graded_shape_credit_is_half_at_a_tie_and_full_at_the_margin() {
     let image = superellipse(2.0, 7.0);
     let d = reward::shapes::detect(&image).remove(0);
     assert_eq!(d.shape, Shape::Circle);
-    assert_eq!(d.fit, d.fit_of(Shape::Circle));
-    let lead = d.fit - d.fit_of(Shape::Square).max(d.fit_of(Shape::Triangle));
+    assert_eq!(d.fit(), d.fit_of(Shape::Circle));
+    let lead = d.fit() - d.fit_of(Shape::Square).max(d.fit_of(Shape::Triangle));
     assert!(lead > 0.05, "{d:?}");
-    let graded = |margin| ShapeCredit::Graded { margin };
+    let graded = |margin| ShapeCredit::graded(margin).expect("a positive margin");
     // full credit once the lead reaches the margin, none for the shapes it leads
     assert_eq!(d.shape_credit(Shape::Circle, graded(lead)), 1.0);
     assert_eq!(d.shape_credit(Shape::Square, graded(lead)), 0.0);
@@ -618,6 +618,20 @@ fn graded_shape_credit_is_half_at_a_tie_and_full_at_the_margin() {
     assert_eq!(tie.shape_credit(Shape::Square, ShapeCredit::GRADED), 0.5);
     assert_eq!(tie.shape_credit(Shape::Circle, ShapeCredit::GRADED), 0.5);
     assert_eq!(tie.shape_credit(Shape::Triangle, ShapeCredit::GRADED), 0.0);
+}
+
+/// A graded margin that is not a finite positive lead is refused by name, with the value.
+#[test]
+fn a_graded_margin_must_be_finite_and_positive() {
+    for bad in [0.0, -0.04, f64::NAN, f64::INFINITY] {
+        let err = ShapeCredit::graded(bad).expect_err("a margin that is not a positive lead");
+        let text = err.to_string();
+        assert!(
+            text.contains("margin") && text.contains(&bad.to_string()),
+            "{text}"
+        );
+    }
+    assert_eq!(ShapeCredit::graded(0.04).unwrap(), ShapeCredit::GRADED);
 }
 
 /// A circle morphed into a square: the best-fit judge's score for "a red circle" falls from 1

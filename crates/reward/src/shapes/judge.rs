@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use super::render::inside;
 use super::{BACKGROUND, Colour, Relation, SceneSpec, Shape};
-use crate::error::RewardError;
+use crate::error::{ConfigProblem, RewardError};
 use crate::image::RgbImage;
 use crate::scorer::{Batch, Components, Input, Scorer};
 
@@ -32,13 +32,17 @@ pub struct Detection {
     pub centroid: (f64, f64),
     /// Bounding box `(x0, y0, x1, y1)`, inclusive.
     pub bbox: (usize, usize, usize, usize),
-    /// Intersection over union of the component with the chosen shape's template (in `[0, 1]`).
-    pub fit: f64,
-    /// The fit of every shape's template, in [`Shape::ALL`] order (`fit` is their maximum).
+    /// The fit of every shape's template, in [`Shape::ALL`] order: the intersection over
+    /// union of the component with that template, in `[0, 1]`.
     pub fits: [f64; 3],
 }
 
 impl Detection {
+    /// The fit of the chosen shape's template (the largest of [`Detection::fits`]).
+    pub fn fit(&self) -> f64 {
+        self.fit_of(self.shape)
+    }
+
     /// The fit of `shape`'s template.
     pub fn fit_of(&self, shape: Shape) -> f64 {
         self.fits[Shape::ALL
@@ -52,6 +56,7 @@ impl Detection {
         match credit {
             ShapeCredit::BestFit => (self.shape == shape) as u8 as f64,
             ShapeCredit::Graded { margin } => {
+                let margin = margin.get();
                 let own = self.fit_of(shape);
                 let rival = Shape::ALL
                     .iter()
@@ -83,15 +88,58 @@ pub enum ShapeCredit {
     /// none when another fits better by `margin`. The reward then grows smoothly as a blob
     /// becomes more like the asked shape.
     Graded {
-        /// The fit lead that earns full credit (positive).
-        margin: f64,
+        /// The fit lead that earns full credit.
+        margin: CreditMargin,
     },
 }
 
 impl ShapeCredit {
     /// [`ShapeCredit::Graded`] with a margin of 0.04, below the least lead of a rendered
     /// scene's objects, so rendered scenes keep full marks.
-    pub const GRADED: ShapeCredit = ShapeCredit::Graded { margin: 0.04 };
+    pub const GRADED: ShapeCredit = ShapeCredit::Graded {
+        margin: CreditMargin(0.04),
+    };
+
+    /// [`ShapeCredit::Graded`] with full credit at a fit lead of `margin`.
+    ///
+    /// # Errors
+    /// [`RewardError::InvalidConfig`] naming `margin` unless it is finite and positive.
+    pub fn graded(margin: f64) -> Result<Self, RewardError> {
+        Ok(ShapeCredit::Graded {
+            margin: CreditMargin::new(margin)?,
+        })
+    }
+}
+
+/// The fit lead at which [`ShapeCredit::Graded`] gives full credit: finite and positive by
+/// construction ([`CreditMargin::new`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CreditMargin(f64);
+
+impl CreditMargin {
+    /// A margin of `value`.
+    ///
+    /// # Errors
+    /// [`RewardError::InvalidConfig`] naming `margin` unless `value` is finite and positive.
+    pub fn new(value: f64) -> Result<Self, RewardError> {
+        if value.is_finite() && value > 0.0 {
+            Ok(Self(value))
+        } else {
+            Err(RewardError::InvalidConfig {
+                what: "shape credit",
+                problems: vec![ConfigProblem::new(
+                    "margin",
+                    value,
+                    "a finite fit lead above 0 (0.04 by default)",
+                )],
+            })
+        }
+    }
+
+    /// The margin.
+    pub fn get(self) -> f64 {
+        self.0
+    }
 }
 
 /// What a constraint checks.
@@ -308,7 +356,7 @@ pub fn detect_with_paint(image: &RgbImage) -> (Vec<Detection>, Paint) {
             continue;
         }
         let d = describe(&pixels, &px, w, h, label as usize - 1);
-        if d.fit >= MIN_FIT {
+        if d.fit() >= MIN_FIT {
             in_objects += pixels.len();
             out.push(d);
         }
@@ -501,7 +549,6 @@ fn describe(pixels: &[usize], px: &Pixels, w: usize, h: usize, k: usize) -> Dete
         area: pixels.len() + hole.len(),
         centroid: (cx, cy),
         bbox,
-        fit: best.1,
         fits,
     }
 }

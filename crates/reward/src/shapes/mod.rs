@@ -56,8 +56,8 @@ use std::fmt;
 use keyed_rng::SplitMix64;
 
 pub use judge::{
-    ConstraintKind, ConstraintResult, Detection, Judgement, Paint, SHAPES_COMPONENT, ShapeCredit,
-    ShapesScorer, detect, detect_with_paint, judge, judge_with,
+    ConstraintKind, ConstraintResult, CreditMargin, Detection, Judgement, Paint, SHAPES_COMPONENT,
+    ShapeCredit, ShapesScorer, detect, detect_with_paint, judge, judge_with,
 };
 pub use render::{PlacedObject, RenderOptions, RenderedScene, render};
 
