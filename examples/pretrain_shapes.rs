@@ -52,10 +52,24 @@ struct Args {
     /// Scenes per step.
     #[arg(long, default_value_t = 32)]
     batch: usize,
-    /// Learning rate (AdamW; linear warmup over 150 steps, then constant, so a snapshot at step
-    /// N equals a run of N steps).
+    /// Peak learning rate (AdamW), reached after `--warmup` steps.
     #[arg(long, default_value_t = 1e-3)]
     lr: f64,
+    /// Linear warmup steps.
+    #[arg(long, default_value_t = 150)]
+    warmup: usize,
+    /// After the warmup: `constant` (the committed weights' schedule, so a snapshot at step N
+    /// equals a run of N steps) or `cosine` (down to `--min-lr` at the last step).
+    #[arg(long, value_enum, default_value_t = LrShape::Constant)]
+    lr_schedule: LrShape,
+    /// The learning rate the cosine schedule ends at.
+    #[arg(long, default_value_t = 0.0)]
+    min_lr: f64,
+    /// Start from a generator written by this example (`--out` of an earlier run) instead of
+    /// a random initialisation. The optimizer state starts afresh (the warmup applies again);
+    /// pass another `--seed` to draw scenes and noise the earlier run did not see.
+    #[arg(long)]
+    init_from: Option<PathBuf>,
     /// Share of training captions corrupted (one attribute changed).
     #[arg(long, default_value_t = 0.25)]
     caption_noise: f64,
@@ -73,6 +87,31 @@ struct Args {
     seed: u64,
 }
 
+/// The learning rate's shape after the warmup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LrShape {
+    /// The peak rate to the end.
+    Constant,
+    /// Half a cosine from the peak rate to `--min-lr` at the last step.
+    Cosine,
+}
+
+/// The learning rate of 0-based `step`.
+fn learning_rate(args: &Args, step: usize) -> f64 {
+    let warm = (step + 1) as f64 / args.warmup.max(1) as f64;
+    if warm < 1.0 {
+        return args.lr * warm;
+    }
+    match args.lr_schedule {
+        LrShape::Constant => args.lr,
+        LrShape::Cosine => {
+            let span = args.steps.saturating_sub(args.warmup).max(1) as f64;
+            let t = ((step + 1).saturating_sub(args.warmup) as f64 / span).min(1.0);
+            args.min_lr + 0.5 * (args.lr - args.min_lr) * (1.0 + (std::f64::consts::PI * t).cos())
+        }
+    }
+}
+
 /// A training caption: the scene's prompt, or with probability `p` a corrupted one (a
 /// different scene of the same category that still parses).
 fn caption(spec: &SceneSpec, category: Category, rng: &mut SplitMix64, p: f64) -> String {
@@ -85,10 +124,20 @@ fn caption(spec: &SceneSpec, category: Category, rng: &mut SplitMix64, p: f64) -
 
 fn main() -> Result<()> {
     let args = Args::parse();
+    anyhow::ensure!(
+        args.lr > 0.0 && args.min_lr >= 0.0 && args.min_lr <= args.lr,
+        "--lr must be positive and --min-lr within [0, --lr]; got --lr {} --min-lr {}",
+        args.lr,
+        args.min_lr
+    );
     let dev = Default::default();
     B::seed(&dev, args.seed);
     let held_out: Vec<String> = eval_prompts();
-    let mut model = ShapesGenerator::<B>::init(&dev);
+    let mut model = match &args.init_from {
+        Some(dir) => ShapesGenerator::<B>::load(dir, &dev)
+            .with_context(|| format!("loading the generator to continue from {}", dir.display()))?,
+        None => ShapesGenerator::<B>::init(&dev),
+    };
     let mut optim = AdamWConfig::new()
         .with_weight_decay(0.01)
         .init::<B, ShapesGenerator<B>>();
@@ -101,12 +150,26 @@ fn main() -> Result<()> {
         vec![0],
         NoiseAlgorithm::Pcg64BoxMuller,
     )?;
-    let warmup = 150;
     let start = Instant::now();
     println!(
-        "pretraining the shapes world generator: {} steps x {} scenes, lr {}, caption noise {}",
-        args.steps, args.batch, args.lr, args.caption_noise
+        "pretraining the shapes world generator{}: {} steps x {} scenes, lr {} ({:?} after {} warmup steps), caption noise {}",
+        args.init_from
+            .as_ref()
+            .map_or(String::new(), |d| format!(" from {}", d.display())),
+        args.steps,
+        args.batch,
+        args.lr,
+        args.lr_schedule,
+        args.warmup,
+        args.caption_noise
     );
+    if args.init_from.is_some() {
+        evaluate(
+            &model.valid(),
+            &schedule.sigmas.clone().into_vec(),
+            args.seed,
+        )?;
+    }
     let mut running = 0.0;
     for step in 0..args.steps {
         let mut images = Vec::with_capacity(args.batch);
@@ -153,7 +216,7 @@ fn main() -> Result<()> {
             0.98 * running + 0.02 * value
         };
         let grads = GradientsParams::from_grads(loss.backward(), &model);
-        let lr = args.lr * ((step + 1) as f64 / warmup as f64).min(1.0);
+        let lr = learning_rate(&args, step);
         model = optim.step(lr, model, grads);
         if (step + 1) % 50 == 0 {
             println!(
