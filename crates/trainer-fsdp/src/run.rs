@@ -253,6 +253,8 @@ where
     optimizer: Optim<B, W::Policy>,
     contract: Option<AdapterContract>,
     spec: SamplerSpec,
+    /// The evaluations' sampler: `spec` at `eval.num_inference_steps`.
+    eval_spec: SamplerSpec,
     rng: TrainerRng,
     next_rollout: u64,
     monitor: Monitor,
@@ -574,6 +576,10 @@ where
             solver: cfg.sampling.solver.solver(),
             storage: cfg.sampling.storage_dtype.dtype(),
         };
+        let eval_spec = SamplerSpec {
+            sigmas: pre.eval_schedule.sigmas.as_slice().to_vec(),
+            ..spec.clone()
+        };
         Ok(Self {
             cfg,
             pre,
@@ -587,6 +593,7 @@ where
             optimizer,
             contract,
             spec,
+            eval_spec,
             rng,
             next_rollout,
             monitor,
@@ -649,6 +656,11 @@ where
     /// The sampler of the rollouts (schedule, kernel, solver, storage precision).
     pub fn sampler(&self) -> &SamplerSpec {
         &self.spec
+    }
+
+    /// The sampler of the evaluations: the rollouts', at `eval.num_inference_steps` when set.
+    pub fn eval_sampler(&self) -> &SamplerSpec {
+        &self.eval_spec
     }
 
     fn base_seed(&self, rollout_id: u64) -> u64 {
@@ -1147,7 +1159,7 @@ where
         let (samples, stats) = evaluate_policy::<B, W>(
             &self.world,
             &self.handed_out().valid(),
-            &self.spec,
+            &self.eval_spec,
             k,
             self.cfg.run.seed,
             &self.cfg.reward.component_weights,

@@ -634,6 +634,34 @@ fn guided_evaluation_samples_under_true_cfg() {
     );
 }
 
+/// `eval.num_inference_steps` (Flow-GRPO's denoising reduction): the evaluations sample the
+/// schedule at their own step count, so the same policy evaluates differently, while the
+/// rollouts keep the sampling steps (the first rollout's rewards are those of a plain run).
+fn evaluations_sample_at_their_own_steps() {
+    let plain_dir = tempfile::tempdir().unwrap();
+    let fine_dir = tempfile::tempdir().unwrap();
+    let mut plain = start(plain_dir.path(), 1, &[]);
+    let mut fine = start(fine_dir.path(), 1, &["eval.num_inference_steps=24"]);
+    assert_eq!(plain.eval_sampler().sigmas, plain.sampler().sigmas);
+    assert_eq!(fine.sampler().sigmas, plain.sampler().sigmas);
+    assert_eq!(fine.eval_sampler().sigmas.len(), 25);
+    let a = plain.run(&StopFlag::new()).unwrap();
+    let b = fine.run(&StopFlag::new()).unwrap();
+    let (a0, b0) = (a.initial_eval.unwrap(), b.initial_eval.unwrap());
+    assert!(
+        (a0.reward - b0.reward).abs() > 1e-4,
+        "evaluations at 6 ({:.5}) and 24 ({:.5}) steps agree",
+        a0.reward,
+        b0.reward
+    );
+    let first = |dir: &Path| logged(dir, "reward/closeness_mean")[0];
+    assert_eq!(first(plain_dir.path()), first(fine_dir.path()));
+    println!(
+        "test evaluations_sample_at_their_own_steps ... ok (held-out closeness {:.4} at 6 steps, {:.4} at 24)",
+        a0.reward, b0.reward
+    );
+}
+
 /// Paired finite differences: pairs from one `x_T` with churn noise, SPO on the stored
 /// velocities bent toward the better endpoint; the reward rises, the SPO ratio is logged, and
 /// preflight refuses pairs without churn or groups that are not pairs.
@@ -1194,7 +1222,7 @@ fn a_failing_machine_ends_the_other() {
 
 /// Every test, in order; `GAUSSIAN_ONLY=<part of a name>` runs the matching ones alone.
 fn parent() {
-    let tests: [(&str, fn()); 24] = [
+    let tests: [(&str, fn()); 25] = [
         ("the_reward_rises", the_reward_rises),
         ("two_ranks_train_as_one", two_ranks_train_as_one),
         (
@@ -1264,6 +1292,10 @@ fn parent() {
         (
             "guided_evaluation_samples_under_true_cfg",
             guided_evaluation_samples_under_true_cfg,
+        ),
+        (
+            "evaluations_sample_at_their_own_steps",
+            evaluations_sample_at_their_own_steps,
         ),
         (
             "the_cpu_budget_ends_the_run_with_an_evaluation",

@@ -40,8 +40,9 @@
 //! [reward]     scorers, required_components, component_weights
 //! [checkpoint] dir, save_interval, max_to_keep (optional: keep all), resume
 //! [artifacts]  root, retention_rollouts
-//! [eval]       interval (0: never), samples_per_prompt, guidance (optional: true CFG of the
-//!              evaluations = { scale, negative_prompt })
+//! [eval]       interval (0: never), samples_per_prompt, num_inference_steps (optional: the
+//!              sampling steps), guidance (optional: true CFG of the evaluations =
+//!              { scale, negative_prompt })
 //! [monitor]    jsonl, tensorboard, progress      (all optional; they change no result)
 //! [data]       train, eval: prompt files in the unified JSONL schema instead of the world's
 //!              own prompts                        (optional section, both keys optional)
@@ -1400,6 +1401,12 @@ pub struct EvalSection {
     pub interval: u64,
     /// Samples per eval prompt (`--n-samples-per-eval-prompt`).
     pub samples_per_prompt: usize,
+    /// The evaluation sampler's steps (optional: `sampling.num_inference_steps`). Flow-GRPO's
+    /// "denoising reduction": rollouts at few steps (cheap, and they rank samples as well),
+    /// evaluations at the steps the model is used at. The schedule is the sampling one
+    /// (`[scheduler]`, `sampling.height` / `width`) at this many steps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub num_inference_steps: Option<usize>,
     /// True classifier-free guidance of the evaluation's sampler (diffusers'
     /// `QwenImagePipeline` `true_cfg_scale` and `negative_prompt`); absent: unguided, as the
     /// rollouts sample. Rollouts are never guided (`sampling.guidance_scale` must stay 1).

@@ -106,6 +106,29 @@ impl TrainConfig {
             }
         }
 
+        // the evaluation's own step count (Flow-GRPO's denoising reduction)
+        let eval_schedule = match self.eval.num_inference_steps {
+            None => None,
+            Some(0) => {
+                p.push(PreflightProblem::OutOfRange {
+                    key: "eval.num_inference_steps",
+                    given: "0".into(),
+                    allowed: "an integer >= 1, or no key to evaluate at sampling.num_inference_steps",
+                });
+                None
+            }
+            Some(n) => match s
+                .schedule_policy()
+                .and_then(|policy| policy.sample_sigmas(s.height, s.width, n))
+            {
+                Ok(schedule) => Some(schedule),
+                Err(e) => {
+                    p.push(PreflightProblem::Schedule { source: e });
+                    None
+                }
+            },
+        };
+
         // reward
         let r = &self.reward;
         if r.required_components.is_empty() {
@@ -407,6 +430,7 @@ impl TrainConfig {
             ) => Ok(Preflight {
                 warnings,
                 trainable,
+                eval_schedule: eval_schedule.unwrap_or_else(|| schedule.clone()),
                 schedule,
                 plan,
                 sde,
@@ -1367,6 +1391,9 @@ pub struct Preflight {
     pub trainable: Trainable,
     /// The sigma schedule of `sampling` (height, width, steps).
     pub schedule: Schedule,
+    /// The evaluation's sigma schedule: `schedule`, or the same policy at
+    /// `eval.num_inference_steps`.
+    pub eval_schedule: Schedule,
     /// The resolved plan of trained SDE steps.
     pub plan: TrainedPlan,
     /// The SDE of the trained steps.

@@ -126,6 +126,7 @@ impl TrainConfig {
             eval: EvalSection {
                 interval: 10,
                 samples_per_prompt: 2,
+                num_inference_steps: None,
                 guidance: None,
             },
             ema: None,
@@ -219,6 +220,7 @@ impl TrainConfig {
         c.eval = EvalSection {
             interval: 60,
             samples_per_prompt: 48,
+            num_inference_steps: None,
             guidance: None,
         };
         c

@@ -982,3 +982,39 @@ fn eval_guidance_is_checked() {
         .is_err()
     );
 }
+
+/// `eval.num_inference_steps`: the evaluation's schedule is the sampling policy at its own
+/// step count (the rollouts' stays as configured), kept in the resolved config; 0 is refused by
+/// name; absent, the evaluation samples the rollouts' schedule.
+#[test]
+fn eval_steps_are_their_own_schedule() {
+    let with = |o: &[&str]| {
+        TrainConfig::from_recipe(
+            RecipeName::ShapesWorldLora,
+            &Override::parse_all(&o.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap(),
+        )
+        .unwrap()
+    };
+    let plain = with(&[]).preflight().unwrap();
+    assert_eq!(plain.eval_schedule, plain.schedule);
+    let c = with(&[
+        "sampling.num_inference_steps=8",
+        "eval.num_inference_steps=24",
+    ]);
+    assert!(
+        c.to_toml_string()
+            .unwrap()
+            .contains("num_inference_steps = 24")
+    );
+    let p = c.preflight().unwrap();
+    assert_eq!(p.schedule.sigmas.as_slice().len(), 9);
+    assert_eq!(p.eval_schedule.sigmas.as_slice().len(), 25);
+    // the same policy: both start at sigma 1 and end at 0
+    assert_eq!(p.eval_schedule.sigmas.as_slice()[0], 1.0);
+    assert_eq!(*p.eval_schedule.sigmas.as_slice().last().unwrap(), 0.0);
+    let text = problems(&with(&["eval.num_inference_steps=0"]));
+    assert!(
+        text.iter().any(|p| p.contains("eval.num_inference_steps")),
+        "{text:?}"
+    );
+}
