@@ -609,53 +609,56 @@ fn flow_grpo_fast_trains_on_a_random_window() {
 /// same policy evaluates differently, while the rollouts stay unguided (the first rollout's
 /// rewards are those of an unguided run).
 fn guided_evaluation_samples_under_true_cfg() {
-    let plain_dir = tempfile::tempdir().unwrap();
-    let guided_dir = tempfile::tempdir().unwrap();
-    let mut plain = start(plain_dir.path(), 1, &[]);
-    let mut guided = start(
-        guided_dir.path(),
-        1,
-        &["eval.guidance={ scale = 3.0, negative_prompt = \"class 0\" }"],
-    );
-    let a = plain.run(&StopFlag::new()).unwrap();
-    let b = guided.run(&StopFlag::new()).unwrap();
-    let (a0, b0) = (a.initial_eval.unwrap(), b.initial_eval.unwrap());
+    let (a0, b0) = evaluations_beside_a_plain_run(&[
+        "eval.guidance={ scale = 3.0, negative_prompt = \"class 0\" }",
+    ]);
     assert!(
         (a0.reward - b0.reward).abs() > 1e-3,
         "guided {:.4} and unguided {:.4} evaluations agree",
         b0.reward,
         a0.reward
     );
-    let first = |dir: &Path| logged(dir, "reward/closeness_mean")[0];
-    assert_eq!(first(plain_dir.path()), first(guided_dir.path()));
     println!(
         "test guided_evaluation_samples_under_true_cfg ... ok (held-out closeness {:.3} unguided, {:.3} guided away from class 0)",
         a0.reward, b0.reward
     );
 }
 
+/// One rollout of a plain run and of one with `extra` (evaluation settings): asserts that
+/// their first rollouts' rewards are equal (the setting leaves the rollouts alone) and returns
+/// their first evaluations, plain first.
+fn evaluations_beside_a_plain_run(extra: &[&str]) -> (EvalSummary, EvalSummary) {
+    let plain_dir = tempfile::tempdir().unwrap();
+    let other_dir = tempfile::tempdir().unwrap();
+    let mut plain = start(plain_dir.path(), 1, &[]);
+    let mut other = start(other_dir.path(), 1, extra);
+    let a = plain.run(&StopFlag::new()).unwrap();
+    let b = other.run(&StopFlag::new()).unwrap();
+    let first = |dir: &Path| logged(dir, "reward/closeness_mean")[0];
+    assert_eq!(first(plain_dir.path()), first(other_dir.path()));
+    (a.initial_eval.unwrap(), b.initial_eval.unwrap())
+}
+
 /// `eval.num_inference_steps` (Flow-GRPO's denoising reduction): the evaluations sample the
 /// schedule at their own step count, so the same policy evaluates differently, while the
 /// rollouts keep the sampling steps (the first rollout's rewards are those of a plain run).
 fn evaluations_sample_at_their_own_steps() {
-    let plain_dir = tempfile::tempdir().unwrap();
-    let fine_dir = tempfile::tempdir().unwrap();
-    let mut plain = start(plain_dir.path(), 1, &[]);
-    let mut fine = start(fine_dir.path(), 1, &["eval.num_inference_steps=24"]);
+    let (plain_dir, fine_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (plain, fine) = (
+        start(plain_dir.path(), 1, &[]),
+        start(fine_dir.path(), 1, &["eval.num_inference_steps=24"]),
+    );
     assert_eq!(plain.eval_sampler().sigmas, plain.sampler().sigmas);
     assert_eq!(fine.sampler().sigmas, plain.sampler().sigmas);
     assert_eq!(fine.eval_sampler().sigmas.len(), 25);
-    let a = plain.run(&StopFlag::new()).unwrap();
-    let b = fine.run(&StopFlag::new()).unwrap();
-    let (a0, b0) = (a.initial_eval.unwrap(), b.initial_eval.unwrap());
+    drop((plain, fine));
+    let (a0, b0) = evaluations_beside_a_plain_run(&["eval.num_inference_steps=24"]);
     assert!(
         (a0.reward - b0.reward).abs() > 1e-4,
         "evaluations at 6 ({:.5}) and 24 ({:.5}) steps agree",
         a0.reward,
         b0.reward
     );
-    let first = |dir: &Path| logged(dir, "reward/closeness_mean")[0];
-    assert_eq!(first(plain_dir.path()), first(fine_dir.path()));
     println!(
         "test evaluations_sample_at_their_own_steps ... ok (held-out closeness {:.4} at 6 steps, {:.4} at 24)",
         a0.reward, b0.reward

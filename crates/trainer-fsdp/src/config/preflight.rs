@@ -73,11 +73,13 @@ impl TrainConfig {
             });
         }
         let sde = s.sde_type.sde_type();
+        // the sampling schedule policy at `steps` (the rollouts', and the evaluations' own)
+        let schedule_at = |steps: usize| {
+            s.schedule_policy()
+                .and_then(|policy| policy.sample_sigmas(s.height, s.width, steps))
+        };
         let mut schedule_and_plan = None;
-        match s
-            .schedule_policy()
-            .and_then(|policy| policy.sample_sigmas(s.height, s.width, s.num_inference_steps))
-        {
+        match schedule_at(s.num_inference_steps) {
             Err(e) => p.push(PreflightProblem::Schedule { source: e }),
             Ok(schedule) => {
                 let built = match &s.sde_window {
@@ -117,10 +119,7 @@ impl TrainConfig {
                 });
                 None
             }
-            Some(n) => match s
-                .schedule_policy()
-                .and_then(|policy| policy.sample_sigmas(s.height, s.width, n))
-            {
+            Some(n) => match schedule_at(n) {
                 Ok(schedule) => Some(schedule),
                 Err(e) => {
                     p.push(PreflightProblem::Schedule { source: e });
