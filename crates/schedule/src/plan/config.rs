@@ -109,6 +109,39 @@ impl TrainedStepsConfig {
         sde: SdeType,
         sigmas: &Sigmas,
     ) -> Result<(ConfiguredPlan, PlanReport), ScheduleError> {
+        self.resolve(Some(sde), sigmas)
+    }
+
+    /// The plan as the training timesteps of deterministic rollouts (DiffusionNFT, online
+    /// Flow-DPO): every step of the rollout runs the solver, and a trained step only names a
+    /// noise level `sigma_k` of the forward process `x_sigma = (1 - sigma) x0 + sigma eps`. The
+    /// plan's own problems are reported as by [`TrainedStepsConfig::build`], but no transition
+    /// is taken at its steps, so no SDE's check applies: step 0 (`sigma = 1`) and the last
+    /// step are training timesteps like any other (the DiffusionNFT release walks the
+    /// sampler's whole grid).
+    ///
+    /// ```
+    /// use schedule::{PlanQuery, SchedulePolicy, SdeStepPlan, SdeType, TrainedStepsConfig};
+    /// let cfg: TrainedStepsConfig = serde_json::from_str(r#"{"num_inference_steps": 12,
+    ///     "sde_indices": [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]}"#).unwrap();
+    /// let sigmas = SchedulePolicy::qwen_image().sample_sigmas(384, 384, 12).unwrap().sigmas;
+    /// assert!(cfg.build(SdeType::FlowSde, &sigmas).is_err()); // sigma = 1 at step 0
+    /// let plan = cfg.build_timesteps(&sigmas).unwrap();
+    /// assert_eq!(plan.steps(PlanQuery::evaluation()).unwrap().len(), 12);
+    /// ```
+    ///
+    /// # Errors
+    /// As [`TrainedStepsConfig::build`], less the SDE's problems.
+    pub fn build_timesteps(&self, sigmas: &Sigmas) -> Result<ConfiguredPlan, ScheduleError> {
+        self.resolve(None, sigmas).map(|(plan, _)| plan)
+    }
+
+    /// The plan, its routes checked against `sde`'s transitions when there is one.
+    fn resolve(
+        &self,
+        sde: Option<SdeType>,
+        sigmas: &Sigmas,
+    ) -> Result<(ConfiguredPlan, PlanReport), ScheduleError> {
         let n = self.num_inference_steps;
         if n != sigmas.num_steps() {
             return Err(ScheduleError::StepCountMismatch {
@@ -192,7 +225,9 @@ impl TrainedStepsConfig {
         };
 
         let mut report = PlanReport::default();
-        check_routes(&routes, sde, sigmas, &mut problems, &mut report);
+        if let Some(sde) = sde {
+            check_routes(&routes, sde, sigmas, &mut problems, &mut report);
+        }
         match plan {
             Some(plan) if problems.is_empty() => Ok((plan, report)),
             _ => {

@@ -83,6 +83,13 @@ impl TrainConfig {
             Err(e) => p.push(PreflightProblem::Schedule { source: e }),
             Ok(schedule) => {
                 let built = match &s.sde_window {
+                    // deterministic rollouts: the trained steps are training timesteps, no
+                    // transition is taken at them, so no SDE's check applies
+                    None if ode_rollouts => self
+                        .sampling
+                        .trained_steps()
+                        .build_timesteps(&schedule.sigmas)
+                        .map(|plan| (TrainedPlan::Configured(plan), Default::default())),
                     None => self
                         .sampling
                         .trained_steps()

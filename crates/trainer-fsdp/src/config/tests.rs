@@ -759,6 +759,62 @@ fn the_nft_section_and_its_deterministic_rollouts() {
     assert!(err.contains("weighting"), "{err}");
 }
 
+/// Deterministic rollouts (NFT, DPO) train their steps as timesteps of the forward process,
+/// with no transition taken at them: the whole grid, step 0 (`sigma = 1`) and the last step
+/// included, is a valid plan (the DiffusionNFT release walks it all), where a likelihood
+/// method under Flow-SDE is still refused its singular step 0 by name.
+#[test]
+fn deterministic_rollouts_may_train_every_step_of_the_grid() {
+    use schedule::{PlanQuery, SdeStepPlan};
+    let whole = [
+        "sampling.sde_pool=[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]",
+        "sampling.num_sde_steps=12",
+    ];
+    for kind in ["nft", "dpo"] {
+        let section = format!("algorithm={{ kind = \"{kind}\" }}");
+        let mut o = vec![section.as_str(), "sampling.eta=0.0"];
+        o.extend(whole);
+        let c = TrainConfig::from_recipe(
+            RecipeName::ShapesWorldLora,
+            &Override::parse_all(&o).unwrap(),
+        )
+        .unwrap();
+        let p = c
+            .preflight()
+            .unwrap_or_else(|e| panic!("{kind} over the whole grid: {e}"));
+        let steps = p.plan.steps(PlanQuery::rollout(3)).unwrap();
+        assert_eq!(steps.as_slice(), (0..12).collect::<Vec<_>>(), "{kind}");
+        assert!(p.warnings.is_empty(), "{kind}: {:?}", p.warnings);
+        // the plan's own problems are still reported
+        let mut o = vec![
+            section.as_str(),
+            "sampling.eta=0.0",
+            "sampling.sde_pool=[1, 12]",
+        ];
+        o.push("sampling.num_sde_steps=2");
+        let text = problems(
+            &TrainConfig::from_recipe(
+                RecipeName::ShapesWorldLora,
+                &Override::parse_all(&o).unwrap(),
+            )
+            .unwrap(),
+        );
+        assert!(text.iter().any(|p| p.contains("12")), "{kind}: {text:?}");
+    }
+    let text = problems(
+        &TrainConfig::from_recipe(
+            RecipeName::ShapesWorldLora,
+            &Override::parse_all(&whole).unwrap(),
+        )
+        .unwrap(),
+    );
+    assert!(
+        text.iter()
+            .any(|p| p.contains("[0]") && p.contains("singular")),
+        "{text:?}"
+    );
+}
+
 /// `sampling.sde_window`: MixGRPO's sliding window replaces the other trained-step keys, which
 /// must be off; the `mix_grpo` preset turns them off (`key=` removes a key) and walks a window
 /// of 2 steps over the schedule.
