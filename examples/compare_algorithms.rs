@@ -28,7 +28,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use burn::backend::Autodiff;
 use clap::Parser;
-use trainer_fsdp::compare::{RunCurve, comparison_table, run_curve, write_plot};
+use trainer_fsdp::compare::{RunCurve, comparison_table, gains_by_seed, run_curve, write_plot};
 use trainer_fsdp::config::{ALGORITHM_NAMES, algorithm_overrides};
 use trainer_fsdp::{Override, RecipeName, StopFlag, TrainConfig, names, read_jsonl};
 
@@ -154,6 +154,8 @@ fn main() -> Result<()> {
         common::machine(),
     );
     md.push_str(&table);
+    md.push_str("\nGains per seed (final minus base held-out reward):\n\n");
+    md.push_str(&gains_by_seed(&curves));
     std::fs::create_dir_all(&args.out)?;
     let md_path = args.out.join("comparison.md");
     durable::write_atomic(&md_path, md.as_bytes())?;

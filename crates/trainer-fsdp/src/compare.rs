@@ -118,7 +118,8 @@ fn fmt_spread(s: Spread, signed: bool) -> String {
 }
 
 /// The comparison as a Markdown table, one row per method: seeds, base and final held-out
-/// reward and the gain (mean, min to max over seeds), the mean standard error of the final
+/// reward and the gain (mean, min to max over seeds), the gain's difference to
+/// `target_method`'s paired by seed ([`paired_gain`]), the mean standard error of the final
 /// evaluations, the training CPU seconds spent, and the CPU seconds at which the method first
 /// reached `target_method`'s mean final reward (the median over the seeds that reached it,
 /// with its ratio to `target_method`'s mean CPU seconds, and how many seeds reached it).
@@ -131,8 +132,8 @@ pub fn comparison_table(curves: &[RunCurve], target_method: &str) -> String {
     let target_reward = Spread::of(&target.iter().map(|p| p.reward).collect::<Vec<_>>()).mean;
     let target_cpu = Spread::of(&target.iter().map(|p| p.cpu_seconds).collect::<Vec<_>>()).mean;
     let mut out = format!(
-        "| method | seeds | base | final | gain | final SE (mean) | training CPU s | CPU s to {target_method}'s final {target_reward:.3} |\n\
-         | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n"
+        "| method | seeds | base | final | gain | gain - {target_method}'s (paired seeds) | final SE (mean) | training CPU s | CPU s to {target_method}'s final {target_reward:.3} |\n\
+         | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n"
     );
     for m in methods(curves) {
         let runs: Vec<&RunCurve> = curves.iter().filter(|c| c.method == m).collect();
@@ -163,8 +164,17 @@ pub fn comparison_table(curves: &[RunCurve], target_method: &str) -> String {
                 }
             )
         };
+        let paired = if m == target_method {
+            "-".to_string()
+        } else {
+            match paired_gain(curves, m, target_method) {
+                None => "no common seed".to_string(),
+                Some(p) if p.seeds == 1 => format!("{:+.3} (1 seed)", p.mean),
+                Some(p) => format!("{:+.3} ± {:.3} ({} seeds)", p.mean, p.stderr, p.seeds),
+            }
+        };
         out.push_str(&format!(
-            "| {m} | {} | {} | {} | {} | {:.3} | {:.0} | {to_target} |\n",
+            "| {m} | {} | {} | {} | {} | {paired} | {:.3} | {:.0} | {to_target} |\n",
             runs.len(),
             fmt_spread(base, false),
             fmt_spread(last, false),
@@ -172,6 +182,69 @@ pub fn comparison_table(curves: &[RunCurve], target_method: &str) -> String {
             se.mean,
             cpu.mean,
         ));
+    }
+    out
+}
+
+/// The difference of two methods' gains over the seeds both ran: each seed's gain of one
+/// minus the other's, which takes out what the seed shares between them (its base policy, its
+/// prompts, its evaluation seeds).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PairedGain {
+    /// The mean difference.
+    pub mean: f64,
+    /// Its standard error over the seeds (`sd / sqrt(n)`; NaN with one seed).
+    pub stderr: f64,
+    /// The seeds both methods ran.
+    pub seeds: usize,
+}
+
+/// `method`'s gain minus `other`'s, paired by seed; `None` when they share no seed with a
+/// gain. A NaN gain of either makes the result NaN, not a smaller sample.
+pub fn paired_gain(curves: &[RunCurve], method: &str, other: &str) -> Option<PairedGain> {
+    let gain = |m: &str, seed: u64| {
+        curves
+            .iter()
+            .find(|c| c.method == m && c.seed == seed)
+            .and_then(|c| Some(c.last()?.reward - c.base()?.reward))
+    };
+    let d: Vec<f64> = curves
+        .iter()
+        .filter(|c| c.method == method)
+        .filter_map(|c| Some(gain(method, c.seed)? - gain(other, c.seed)?))
+        .collect();
+    if d.is_empty() {
+        return None;
+    }
+    let n = d.len() as f64;
+    let mean = d.iter().sum::<f64>() / n;
+    let stderr = if d.len() < 2 {
+        f64::NAN
+    } else {
+        (d.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0)).sqrt() / n.sqrt()
+    };
+    Some(PairedGain {
+        mean,
+        stderr,
+        seeds: d.len(),
+    })
+}
+
+/// Every method's gain per seed, one Markdown list item per method, in seed order:
+/// `- nft: +0.017 (seed 0), +0.035 (seed 1)`.
+pub fn gains_by_seed(curves: &[RunCurve]) -> String {
+    let mut out = String::new();
+    for m in methods(curves) {
+        let mut runs: Vec<&RunCurve> = curves.iter().filter(|c| c.method == m).collect();
+        runs.sort_by_key(|c| c.seed);
+        let gains: Vec<String> = runs
+            .iter()
+            .map(|c| match (c.base(), c.last()) {
+                (Some(a), Some(b)) => format!("{:+.3} (seed {})", b.reward - a.reward, c.seed),
+                _ => format!("no evaluation (seed {})", c.seed),
+            })
+            .collect();
+        out.push_str(&format!("- {m}: {}\n", gains.join(", ")));
     }
     out
 }
@@ -250,10 +323,36 @@ mod tests {
         let t = comparison_table(&curves, "flow_grpo");
         // FlowGRPO's final mean is 0.35 at 100 CPU s; AWM's seed 0 reaches it at 30 s, seed 1 never
         assert!(
-            t.contains("| awm | 2 | 0.200 (0.200 to 0.200) | 0.410 (0.320 to 0.500) | +0.210 (+0.120 to +0.300) | 0.010 | 60 | 30 (0.30x), 1/2 seeds |"),
+            t.contains("| awm | 2 | 0.200 (0.200 to 0.200) | 0.410 (0.320 to 0.500) | +0.210 (+0.120 to +0.300) | +0.060 ± 0.140 (2 seeds) | 0.010 | 60 | 30 (0.30x), 1/2 seeds |"),
             "{t}"
         );
-        assert!(t.contains("| flow_grpo | 2 |"), "{t}");
+        assert!(t.contains("| flow_grpo | 2 | 0.200 (0.200 to 0.200) | 0.350 (0.300 to 0.400) | +0.150 (+0.100 to +0.200) | - |"), "{t}");
+        // paired by seed: awm's gains 0.30 and 0.12 against flow_grpo's 0.10 and 0.20
+        let p = paired_gain(&curves, "awm", "flow_grpo").unwrap();
+        assert_eq!(p.seeds, 2);
+        assert!((p.mean - 0.06).abs() < 1e-12, "{p:?}");
+        assert!((p.stderr - 0.14).abs() < 1e-12, "{p:?}");
+        assert!(paired_gain(&curves, "awm", "nft").is_none());
+        // a seed the other method did not run is left out; one seed has no standard error
+        let one = [
+            curves[0].clone(),
+            curve("awm", 0, &[(0.0, 0.2), (60.0, 0.5)]),
+            curve("awm", 7, &[(0.0, 0.2), (60.0, 0.1)]),
+        ];
+        let p = paired_gain(&one, "awm", "flow_grpo").unwrap();
+        assert_eq!(p.seeds, 1);
+        assert!((p.mean - 0.2).abs() < 1e-12 && p.stderr.is_nan(), "{p:?}");
+        assert!(comparison_table(&one, "flow_grpo").contains("| +0.200 (1 seed) |"));
+        // a NaN reward is not dropped from the pairs
+        let nan = [
+            curves[0].clone(),
+            curve("awm", 0, &[(0.0, 0.2), (60.0, f64::NAN)]),
+        ];
+        assert!(paired_gain(&nan, "awm", "flow_grpo").unwrap().mean.is_nan());
+        assert_eq!(
+            gains_by_seed(&curves),
+            "- flow_grpo: +0.100 (seed 0), +0.200 (seed 1)\n- awm: +0.300 (seed 0), +0.120 (seed 1)\n"
+        );
         let none = comparison_table(&[curve("nft", 0, &[(0.0, 0.2), (9.0, 0.1)])], "flow_grpo");
         assert!(none.contains("not reached (0/1)"), "{none}");
     }
