@@ -27,7 +27,7 @@ use burn::tensor::backend::AutodiffBackend;
 
 use crate::algorithm::{Algorithm, FlowGrpo};
 use crate::awm::Awm;
-use crate::config::{AlgorithmPlan, GeneratorSource, Preflight, TrainConfig};
+use crate::config::{AlgorithmPlan, GeneratorSource, Preflight, TrainConfig, TrainableMode};
 use crate::dpo::Dpo;
 use crate::error::TrainerError;
 use crate::fdfo::Fdfo;
@@ -325,7 +325,7 @@ impl<B: AutodiffBackend> Job<B> for TrainJob<B> {
 /// The one-line banner of a training run.
 fn banner(cfg: &TrainConfig, algorithm: &str, world: &str, run_dir: &Path) -> String {
     format!(
-        "flowrl {} ({}) in the {}: {} rollouts of {} prompts x {} candidates{}, {} steps ({}), LoRA rank {}{}, lr {}, seed {}; run directory {}",
+        "flowrl {} ({}) in the {}: {} rollouts of {} prompts x {} candidates{}, {} steps ({}), {}{}, lr {}, seed {}; run directory {}",
         algorithm,
         cfg.recipe.map(|r| r.as_str()).unwrap_or("config file"),
         world,
@@ -339,7 +339,10 @@ fn banner(cfg: &TrainConfig, algorithm: &str, world: &str, run_dir: &Path) -> St
         },
         cfg.sampling.num_inference_steps,
         trained_steps(cfg),
-        cfg.lora_rank(),
+        match cfg.model.trainable_mode {
+            TrainableMode::Full => "every weight trained (full fine-tune)".to_string(),
+            TrainableMode::Lora => format!("LoRA rank {}", cfg.lora_rank()),
+        },
         match cfg.lora.as_ref().and_then(|l| l.init_from.as_ref()) {
             Some(p) => format!(" started from {}", p.display()),
             None => String::new(),
@@ -472,5 +475,38 @@ impl<B: AutodiffBackend> Job<B> for RankJob<'_, B> {
             self.workers,
         )?;
         run.run(&self.stop)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::RecipeName;
+    use crate::{Override, TrainConfig};
+
+    /// The banner names what is trained: the LoRA's rank, or every weight under a full
+    /// fine-tune (whose config has no `[lora]`, so no rank).
+    #[test]
+    fn the_banner_names_what_is_trained() {
+        let with = |o: &[&str]| {
+            TrainConfig::from_recipe(
+                RecipeName::ShapesWorldLora,
+                &Override::parse_all(o).unwrap(),
+            )
+            .unwrap()
+        };
+        let lora = banner(&with(&[]), "FlowGRPO", "shapes world", Path::new("runs/x"));
+        assert!(lora.contains(", LoRA rank 8, lr 0.002,"), "{lora}");
+        let full = banner(
+            &with(&["model.trainable_mode=\"full\"", "lora="]),
+            "FlowGRPO",
+            "shapes world",
+            Path::new("runs/x"),
+        );
+        assert!(
+            full.contains(", every weight trained (full fine-tune), lr 0.002,"),
+            "{full}"
+        );
+        assert!(!full.contains("LoRA"), "{full}");
     }
 }
