@@ -289,6 +289,19 @@ pub enum TrainerError {
         algorithm: &'static str,
     },
 
+    /// An update asked for the frozen anchor of a rollout whose advantages were degenerate,
+    /// for which none is recorded (nothing is trained then).
+    #[error(
+        "{algorithm}: an update of rollout {rollout} asked for the frozen anchor, but the rollout's \
+         advantages were degenerate and none was recorded"
+    )]
+    NoAnchor {
+        /// The algorithm.
+        algorithm: &'static str,
+        /// The rollout.
+        rollout: u64,
+    },
+
     /// An algorithm name no `[algorithm] kind` has.
     #[error("unknown algorithm {given:?}; the algorithms are {known}")]
     UnknownAlgorithm {
