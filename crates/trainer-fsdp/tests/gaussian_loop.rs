@@ -117,6 +117,40 @@ fn the_reward_rises() {
     );
 }
 
+/// A rollout whose every group scored alike has nothing to learn: its updates are skipped,
+/// and nothing is replayed for it either (an anchor it never differentiates would only hold
+/// an autodiff graph that no backward pass releases: a collapsed run grew by hundreds of MB a
+/// rollout until it was killed). The same run with the closed-form reward replays the anchor
+/// and both updates' micro-batches.
+fn degenerate_rollouts_replay_nothing() {
+    let cfg = ["eval.interval=0"];
+    let dir = tempfile::tempdir().unwrap();
+    let mut run = start_scoring_alike(dir.path(), 3, &cfg, -1.0);
+    let summary = run.run(&StopFlag::new()).unwrap();
+    assert_eq!(summary.last_rollout, Some(2));
+    assert_eq!(
+        run.world().restores(),
+        0,
+        "a degenerate rollout was replayed"
+    );
+    assert!(delta(&run).iter().all(|d| *d == 0.0), "{:?}", delta(&run));
+    let records = read_jsonl(&dir.path().join("run").join("metrics.jsonl")).unwrap();
+    for r in &records {
+        assert_eq!(r.metrics[names::TRAIN_OPTIMIZER_STEPS], Some(0.0));
+        assert_eq!(r.metrics[names::TRAIN_OPTIMIZER_SKIPS], Some(2.0));
+    }
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut run = start(dir.path(), 3, &cfg);
+    run.run(&StopFlag::new()).unwrap();
+    assert!(run.world().restores() > 0);
+    assert!(delta(&run).iter().any(|d| *d != 0.0));
+    println!(
+        "test degenerate_rollouts_replay_nothing ... ok ({} restores with the closed-form reward, 0 when every sample scores alike)",
+        run.world().restores()
+    );
+}
+
 /// With the sampler's log-probs as pi_old (`algorithm.anchor = "rollout"`) nothing is
 /// replayed before the updates, the first update's ratios stay at 1 to float rounding (the
 /// parity it reports), and the reward rises as with the replayed anchor.
@@ -1225,8 +1259,12 @@ fn a_failing_machine_ends_the_other() {
 
 /// Every test, in order; `GAUSSIAN_ONLY=<part of a name>` runs the matching ones alone.
 fn parent() {
-    let tests: [(&str, fn()); 25] = [
+    let tests: [(&str, fn()); 26] = [
         ("the_reward_rises", the_reward_rises),
+        (
+            "degenerate_rollouts_replay_nothing",
+            degenerate_rollouts_replay_nothing,
+        ),
         ("two_ranks_train_as_one", two_ranks_train_as_one),
         (
             "a_checkpoint_resumes_on_another_number_of_ranks",

@@ -132,6 +132,9 @@ pub struct GaussianWorld {
     pub panic_at_score: Option<usize>,
     /// The offset the loaded policy starts at (0: the base), for the replica check.
     pub start_offset: f32,
+    /// Every sample scores this instead of its closeness (`None`: the closed form), so that
+    /// every group's rewards are equal and every rollout's advantages degenerate.
+    pub constant_reward: Option<f64>,
 }
 
 impl GaussianWorld {
@@ -164,6 +167,7 @@ impl GaussianWorld {
             restores: Default::default(),
             panic_at_score: None,
             start_offset: 0.0,
+            constant_reward: None,
             held_out: (CLASSES - HELD_OUT..CLASSES)
                 .map(|c| HeldOutPrompt {
                     prompt: format!("class {c}"),
@@ -353,6 +357,9 @@ impl<Bk: AutodiffBackend> World<Bk> for GaussianWorld {
             .zip(prompts)
             .map(|(s, p)| {
                 let c = class_of(p)?;
+                if let Some(r) = self.constant_reward {
+                    return Ok(Components::new().with(COMPONENT, r));
+                }
                 let d = TOKENS * CHANNELS;
                 let err = (0..d)
                     .map(|i| {
@@ -447,6 +454,16 @@ pub fn try_start_stopping_in_training(
     let mut world = GaussianWorld::new(&cfg.reward.scorers).unwrap();
     world.stop_at_restore = Some(stop);
     build(cfg, pre, root, world)
+}
+
+/// [`try_start`] with a world whose every sample scores `reward`: every group's advantages
+/// are 0 and every rollout is degenerate.
+pub fn start_scoring_alike(root: &Path, rollouts: u64, extra: &[&str], reward: f64) -> GaussianRun {
+    let cfg = config(root, rollouts, extra);
+    let pre = cfg.preflight().unwrap();
+    let mut world = GaussianWorld::new(&cfg.reward.scorers).unwrap();
+    world.constant_reward = Some(reward);
+    build(cfg, pre, root, world).unwrap()
 }
 
 /// [`try_start`] writing its run files into `run_dir` instead of `root/run` (checkpoints and
