@@ -6,9 +6,10 @@
 //! loss = mean_{i, s} ( -w * A_i * clamp(exp(log_probs - anchor), 1 - low, 1 + high) )
 //! ```
 //!
-//! The release uses `w = 100` (its appendix says 10), the band `1 ± 1e-4`, the raw reward as
-//! `A` unless a learned value baseline is on, and adds `0.01 * KL` to the pretrained model
-//! after a warm-up ([`crate::kl_to_reference`]).
+//! The release uses `w = 100` (its appendix says 10), the band `1 ± 1e-4`, `A = r - V(x_t)`
+//! with its learned value baseline (on by default, `--v_flag 1`; the raw reward `r` with it
+//! off), and adds `0.01 * KL` to the pretrained model after a warm-up
+//! ([`crate::kl_to_reference`]).
 
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;

@@ -120,6 +120,9 @@ pub struct FlowGrpo {
     /// (flow_grpo's `kl_coef`, its closed form over the transition means; 0: no term, and no
     /// reference forward).
     pub kl_coef: f64,
+    /// The KL term is left out of rollouts whose id is below this (DPOK's warm-up; 0: from
+    /// the first rollout on).
+    pub kl_warmup_rollouts: u64,
     /// DanceGRPO's per-sample random subset of the rollout's trained steps; `None`: every
     /// sample trains every trained step.
     pub timestep_subset: Option<TimestepSubset>,
@@ -187,6 +190,7 @@ impl FlowGrpo {
             objective: RatioObjective::PpoClip,
             anchor: AnchorSource::Replay,
             kl_coef: 0.0,
+            kl_warmup_rollouts: 0,
             timestep_subset: None,
         }
     }
@@ -207,6 +211,23 @@ impl FlowGrpo {
     /// The same objective with the KL to the reference policy weighted by `kl_coef`.
     pub fn with_kl(self, kl_coef: f64) -> Self {
         Self { kl_coef, ..self }
+    }
+
+    /// The same objective with the KL term left out of the first `rollouts` rollouts.
+    pub fn with_kl_warmup(self, rollouts: u64) -> Self {
+        Self {
+            kl_warmup_rollouts: rollouts,
+            ..self
+        }
+    }
+
+    /// The KL weight of rollout `rollout_id`: `kl_coef` once the warm-up is over, 0 before.
+    pub fn kl_coef_at(&self, rollout_id: u64) -> f64 {
+        if rollout_id < self.kl_warmup_rollouts {
+            0.0
+        } else {
+            self.kl_coef
+        }
     }
 
     /// The same objective on DanceGRPO's per-sample timestep subsets.
@@ -530,12 +551,14 @@ impl<B: AutodiffBackend, W: World<B>> Algorithm<B, W> for FlowGrpo {
         samples: Range<usize>,
     ) -> Result<MicroBatchLoss<B, PolicyDiagnostics>, TrainerError> {
         let positions = self.positions(ctx, samples.clone())?;
+        // no reference forward while the KL term is off
+        let kl_coef = self.kl_coef_at(ctx.batch.rollout_id);
         let (lp, kl) = replay_policy(
             ctx,
             policy,
             samples.clone(),
             columns(&positions),
-            self.kl_coef != 0.0,
+            kl_coef != 0.0,
         )?;
         let idx: Vec<usize> = samples.clone().collect();
         let anchor = anchor.log_probs::<B>(samples, ctx.device)?;
@@ -547,7 +570,7 @@ impl<B: AutodiffBackend, W: World<B>> Algorithm<B, W> for FlowGrpo {
             }
         };
         let mut diagnostics = PolicyDiagnostics::clip_only(out.diagnostics);
-        let (loss, kl_ref) = add_kl_term(out.loss, kl, self.kl_coef);
+        let (loss, kl_ref) = add_kl_term(out.loss, kl, kl_coef);
         diagnostics.kl_ref = kl_ref;
         Ok(MicroBatchLoss {
             loss,

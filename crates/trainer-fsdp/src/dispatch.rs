@@ -179,11 +179,13 @@ impl FromPlan for FlowGrpo {
                 clip_range,
                 reward_weight,
                 kl_coef,
+                kl_warmup_rollouts,
                 anchor,
             } => Some(
                 FlowGrpo::dpok(clip_range, reward_weight)
                     .with_anchor(anchor)
-                    .with_kl(kl_coef),
+                    .with_kl(kl_coef)
+                    .with_kl_warmup(kl_warmup_rollouts),
             ),
             _ => None,
         }

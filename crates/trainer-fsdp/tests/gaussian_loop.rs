@@ -469,7 +469,13 @@ fn dpo_trains_on_each_groups_best_and_worst() {
 /// weight and KL to the reference; the held-out reward rises and the KL is logged.
 fn dpok_trains_with_its_clamped_ratio() {
     let dir = tempfile::tempdir().unwrap();
-    let mut run = start(dir.path(), ROLLOUTS, &["algorithm={ kind = \"dpok\" }"]);
+    // the KL term is left out of the first 3 rollouts (the release's `--kl_warmup 2`)
+    let warmup = 3;
+    let mut run = start(
+        dir.path(),
+        ROLLOUTS,
+        &["algorithm={ kind = \"dpok\", kl_warmup_rollouts = 3 }"],
+    );
     assert_eq!(
         trainer_fsdp::Algorithm::<Train, GaussianWorld>::name(run.algorithm()),
         "DPOK"
@@ -478,11 +484,20 @@ fn dpok_trains_with_its_clamped_ratio() {
     let (a, b) = (summary.initial_eval.unwrap(), summary.final_eval.unwrap());
     assert_rose("DPOK: ", &a, &b, 0.3, 5.0);
     let records = read_jsonl(&dir.path().join("run").join("metrics.jsonl")).unwrap();
-    let kls = records
+    let kls: Vec<bool> = records
         .iter()
-        .filter_map(|r| r.metrics.get(names::TRAIN_KL_REF).copied().flatten())
-        .count();
-    assert_eq!(kls as u64, ROLLOUTS);
+        // the rollouts' records (the first is the evaluation before training)
+        .filter(|r| r.metrics.contains_key(names::TRAIN_OPTIMIZER_STEPS))
+        .map(|r| {
+            r.metrics
+                .get(names::TRAIN_KL_REF)
+                .copied()
+                .flatten()
+                .is_some_and(f64::is_finite)
+        })
+        .collect();
+    let expected: Vec<bool> = (0..ROLLOUTS).map(|i| i >= warmup).collect();
+    assert_eq!(kls, expected, "the rollouts with a KL term");
     println!(
         "test dpok_trains_with_its_clamped_ratio ... ok (held-out closeness {:.3} ± {:.3} -> {:.3} ± {:.3})",
         a.reward, a.stderr, b.reward, b.stderr

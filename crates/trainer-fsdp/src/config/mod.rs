@@ -842,7 +842,8 @@ impl Default for DpoSection {
 
 /// DPOK's keys of `[algorithm]`; every key has a default (the release's), so
 /// `algorithm = { kind = "dpok" }` is a complete section. The release's learned value baseline
-/// and its raw-reward advantages are not offered: the advantages are group-relative.
+/// (`r - V(x_t, c, t)`, its default) is not offered: the advantages are group-relative, the
+/// group's mean reward the baseline.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DpokSection {
@@ -858,6 +859,12 @@ pub struct DpokSection {
     /// 0.01, the release's; flow_grpo's closed form, as FlowGRPO's `kl_coef`).
     #[serde(default = "DpokSection::default_kl_coef")]
     pub kl_coef: f64,
+    /// The KL warm-up: the KL term is left out of the first this many rollouts (rollout ids
+    /// below it), so that the reward term alone moves the policy off the reference first
+    /// (default 0: the term from the first rollout on, the release's default). The release's
+    /// `--kl_warmup k` (its term from rollout `k + 1` on) is `kl_warmup_rollouts = k + 1`.
+    #[serde(default)]
+    pub kl_warmup_rollouts: u64,
     /// The std divisor of the group-relative advantages (default `group`).
     #[serde(default = "DpokSection::default_std_mode")]
     pub advantage_std_mode: AdvantageStdMode,
@@ -890,6 +897,7 @@ impl Default for DpokSection {
             eps_clip: Self::default_eps_clip(),
             reward_weight: Self::default_reward_weight(),
             kl_coef: Self::default_kl_coef(),
+            kl_warmup_rollouts: 0,
             advantage_std_mode: Self::default_std_mode(),
             anchor: AnchorSource::default(),
         }

@@ -857,10 +857,18 @@ fn check_algorithm(
                 "a finite value >= 0 (the DPOK release uses 0.01)",
                 p,
             );
+            if d.kl_warmup_rollouts > 0 && d.kl_coef == 0.0 {
+                p.push(PreflightProblem::OutOfRange {
+                    key: "algorithm.kl_warmup_rollouts",
+                    given: d.kl_warmup_rollouts.to_string(),
+                    allowed: "0 when algorithm.kl_coef = 0 (a warm-up of a KL term that is off does nothing)",
+                });
+            }
             Some(AlgorithmPlan::Dpok {
                 clip_range: clip_range?,
                 reward_weight: reward_weight?,
                 kl_coef: kl_coef?,
+                kl_warmup_rollouts: d.kl_warmup_rollouts,
                 anchor: d.anchor,
             })
         }
@@ -1323,6 +1331,8 @@ pub enum AlgorithmPlan {
         reward_weight: f64,
         /// The weight of the transitions' KL to the reference policy.
         kl_coef: f64,
+        /// Rollouts left without the KL term at the start.
+        kl_warmup_rollouts: u64,
         /// Where pi_old comes from.
         anchor: AnchorSource,
     },

@@ -626,6 +626,72 @@ fn an_awm_section_takes_its_defaults_and_names_every_bad_key() {
 /// `set_timesteps(N)` path (the shift applied twice at the low end); `schedule_compat` picks
 /// the arithmetic, current diffusers under numpy 2 by default.
 #[test]
+fn a_dpok_section_takes_the_release_defaults_and_names_every_bad_key() {
+    let dpok = |extra: &[&str]| {
+        let mut o = vec!["algorithm={ kind = \"dpok\" }".to_string()];
+        o.extend(extra.iter().map(|s| s.to_string()));
+        TrainConfig::from_recipe(
+            RecipeName::ShapesWorldLora,
+            &Override::parse_all(&o).unwrap(),
+        )
+        .unwrap()
+    };
+    let c = dpok(&[]);
+    assert_eq!(c.algorithm, AlgorithmSection::Dpok(DpokSection::default()));
+    let AlgorithmPlan::Dpok {
+        clip_range,
+        reward_weight,
+        kl_coef,
+        kl_warmup_rollouts,
+        anchor,
+    } = c.preflight().unwrap().algorithm
+    else {
+        panic!("a DPOK plan")
+    };
+    assert_eq!(
+        (clip_range.lower_bound(), clip_range.upper_bound()),
+        (1.0 - 1e-4, 1.0 + 1e-4)
+    );
+    assert_eq!((reward_weight, kl_coef), (100.0, 0.01));
+    assert_eq!(kl_warmup_rollouts, 0);
+    assert_eq!(anchor, AnchorSource::Replay);
+
+    let c = dpok(&["algorithm.kl_warmup_rollouts=5"]);
+    let AlgorithmPlan::Dpok {
+        kl_warmup_rollouts, ..
+    } = c.preflight().unwrap().algorithm
+    else {
+        panic!("a DPOK plan")
+    };
+    assert_eq!(kl_warmup_rollouts, 5);
+
+    // every bad key at once, and a warm-up of a KL term that is off
+    let bad = dpok(&[
+        "algorithm.eps_clip=1.5",
+        "algorithm.reward_weight=0",
+        "algorithm.kl_coef=0",
+        "algorithm.kl_warmup_rollouts=3",
+    ]);
+    let p = problems(&bad);
+    for key in [
+        "algorithm.eps_clip",
+        "algorithm.reward_weight",
+        "algorithm.kl_warmup_rollouts",
+    ] {
+        assert!(p.iter().any(|m| m.contains(key)), "{key}: {p:?}");
+    }
+    assert_eq!(p.len(), 3, "{p:?}");
+    let negative = dpok(&["algorithm.kl_coef=-0.1"]);
+    assert!(
+        problems(&negative)
+            .iter()
+            .any(|m| m.contains("algorithm.kl_coef")),
+        "{:?}",
+        problems(&negative)
+    );
+}
+
+#[test]
 fn the_schedule_sources_and_arithmetic_are_named_options() {
     let schedule = |extra: &[&str]| {
         let overrides = Override::parse_all(extra).unwrap();
