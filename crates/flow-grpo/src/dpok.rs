@@ -44,9 +44,58 @@ pub fn dpok_loss<B: Backend>(
     clip: ClipRange,
     reward_weight: f64,
 ) -> Result<ClipLoss<B>, FlowGrpoError> {
+    let n = log_probs.dims()[0];
+    crate::matching::check_shape("advantages", advantages.dims(), [n])?;
+    clamped_loss(
+        log_probs,
+        anchor,
+        advantages.reshape([n, 1]),
+        clip,
+        reward_weight,
+    )
+}
+
+/// [`dpok_loss`] with one advantage per element of the `[samples, steps]` log-prob matrix:
+/// the release's `A = r - V(x_t, c, t)` of a learned value baseline, which differs per step.
+/// Its diagnostics are [`dpok_loss`]'s.
+///
+/// # Errors
+/// As [`dpok_loss`], the advantages shaped `[samples, steps]`.
+///
+/// ```
+/// use burn::backend::Flex;
+/// use burn::tensor::Tensor;
+/// use flow_grpo::{ClipRange, dpok_loss_per_step};
+/// let dev = Default::default();
+/// let anchor = Tensor::<Flex, 2>::from_floats([[0.0, 0.0]], &dev);
+/// let lp = Tensor::<Flex, 2>::from_floats([[0.5, -0.5]], &dev); // ratios clamped to 1.1, 0.9
+/// let adv = Tensor::<Flex, 2>::from_floats([[2.0, -1.0]], &dev);
+/// let out = dpok_loss_per_step(lp, anchor, adv, ClipRange::symmetric(0.1).unwrap(), 10.0).unwrap();
+/// // mean(-10 * [2 * 1.1, -1 * 0.9]) = mean([-22, 9])
+/// assert!((out.loss.into_scalar() - -6.5).abs() < 1e-5);
+/// ```
+pub fn dpok_loss_per_step<B: Backend>(
+    log_probs: Tensor<B, 2>,
+    anchor: Tensor<B, 2>,
+    advantages: Tensor<B, 2>,
+    clip: ClipRange,
+    reward_weight: f64,
+) -> Result<ClipLoss<B>, FlowGrpoError> {
+    crate::matching::check_shape("advantages", advantages.dims(), log_probs.dims())?;
+    clamped_loss(log_probs, anchor, advantages, clip, reward_weight)
+}
+
+/// The clamped objective with `advantages` shaped `[samples, 1]` (one per sample) or
+/// `[samples, steps]` (one per element).
+fn clamped_loss<B: Backend>(
+    log_probs: Tensor<B, 2>,
+    anchor: Tensor<B, 2>,
+    advantages: Tensor<B, 2>,
+    clip: ClipRange,
+    reward_weight: f64,
+) -> Result<ClipLoss<B>, FlowGrpoError> {
     let [n, s] = log_probs.dims();
     crate::matching::check_shape("anchor log-probs", anchor.dims(), [n, s])?;
-    crate::matching::check_shape("advantages", advantages.dims(), [n])?;
     crate::matching::check_rows("log-prob matrix", [n, s])?;
     if !(reward_weight.is_finite() && reward_weight > 0.0) {
         return Err(FlowGrpoError::InvalidParameter {
@@ -55,9 +104,11 @@ pub fn dpok_loss<B: Backend>(
             allowed: "a finite value > 0 (the release uses 100)",
         });
     }
+    // the advantages' elements per sample: 1, or one per step
+    let per_sample = advantages.dims()[1];
     let delta = log_probs.sub(anchor.detach());
     let ratio = delta.clone().exp();
-    let adv = advantages.detach().reshape([n, 1]);
+    let adv = advantages.detach();
     let per_element = adv
         .clone()
         .mul_scalar(-reward_weight)
@@ -67,9 +118,10 @@ pub fn dpok_loss<B: Backend>(
         &host(ratio.clone().detach()),
         &host(delta.detach()),
         &host(adv.detach()),
-        s,
+        s / per_sample,
         clip,
     );
+    // clamped, an element outside the band has no gradient whatever its advantage's sign
     diagnostics.clipped_gradient_fraction = diagnostics.clip_fraction;
     Ok(ClipLoss {
         loss,

@@ -23,7 +23,7 @@
 //! * [`nft_loss`], [`nft_optimality`], [`SoftUpdate`] (DiffusionNFT's implicit positive and
 //!   negative policies);
 //! * [`diffusion_dpo_loss`] (online Diffusion / Flow-DPO on best-worst pairs);
-//! * [`dpok_loss`] (DPOK's clamped ratio);
+//! * [`dpok_loss`] (DPOK's clamped ratio; [`dpok_loss_per_step`] with per-step advantages);
 //! * [`grpo_guard_loss`], [`guard_log_ratio`] (GRPO-Guard's regulated ratio: the drift term
 //!   added back and the log-ratio scaled by the transition std);
 //! * [`spo_loss`], [`normalised_difference`] (paired finite differences under SPO's trust
@@ -93,7 +93,7 @@ pub use advantages::{
 };
 pub use awm::{AwmWeighting, awm_advantages, awm_log_likelihood};
 pub use dpo::{DpoDiagnostics, DpoLoss, diffusion_dpo_loss};
-pub use dpok::dpok_loss;
+pub use dpok::{dpok_loss, dpok_loss_per_step};
 pub use error::{ConfigProblem, FlowGrpoError};
 pub use guard::{grpo_guard_loss, guard_log_ratio};
 pub use kl::{KlForm, KlTerm, kl_to_reference};

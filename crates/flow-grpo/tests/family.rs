@@ -7,8 +7,9 @@ use burn::backend::{Autodiff, NdArray};
 use burn::tensor::{Tensor, TensorData, backend::Backend};
 use flow_grpo::{
     AwmWeighting, ClipRange, FlowGrpoError, awm_advantages, awm_log_likelihood, diffusion_dpo_loss,
-    dpok_loss, grpo_clip_loss, grpo_guard_loss, guard_log_ratio, mean_squared_error, nft_loss,
-    nft_optimality, noised, normalised_difference, spo_loss, velocity_target,
+    dpok_loss, dpok_loss_per_step, grpo_clip_loss, grpo_guard_loss, guard_log_ratio,
+    mean_squared_error, nft_loss, nft_optimality, noised, normalised_difference, spo_loss,
+    velocity_target,
 };
 
 type F64 = NdArray<f64>;
@@ -322,6 +323,56 @@ fn dpok_raises_the_log_prob_of_a_rewarded_action() {
         0.0,
     );
     assert!(err.unwrap_err().to_string().contains("DPOK reward weight"));
+}
+
+#[test]
+fn dpok_per_step_advantages_by_hand() {
+    let clip = ClipRange::symmetric(0.1).unwrap();
+    // ratios e^[0.05, 0.5; -0.5, 0] -> clamped [e^0.05, 1.1; 0.9, 1]
+    let lp = [0.05, 0.5, -0.5, 0.0];
+    let adv = [2.0, -1.0, 0.5, 3.0];
+    let out = dpok_loss_per_step(
+        t2::<F64>(&lp, [2, 2]),
+        t2(&[0.0; 4], [2, 2]),
+        t2(&adv, [2, 2]),
+        clip,
+        10.0,
+    )
+    .unwrap();
+    let expected = -10.0 * (2.0 * 0.05f64.exp() - 1.1 + 0.5 * 0.9 + 3.0) / 4.0;
+    assert!((scalar(out.loss) - expected).abs() < 1e-12);
+    assert_eq!(out.diagnostics.clip_fraction, 0.5);
+    assert_eq!(out.diagnostics.clipped_gradient_fraction, 0.5);
+
+    // one advantage per step, equal across a sample's steps, is dpok_loss's per sample
+    let per_sample = dpok_loss(
+        t2::<F64>(&lp, [2, 2]),
+        t2(&[0.0; 4], [2, 2]),
+        t1(&[2.0, -1.0]),
+        clip,
+        10.0,
+    )
+    .unwrap();
+    let per_step = dpok_loss_per_step(
+        t2::<F64>(&lp, [2, 2]),
+        t2(&[0.0; 4], [2, 2]),
+        t2(&[2.0, 2.0, -1.0, -1.0], [2, 2]),
+        clip,
+        10.0,
+    )
+    .unwrap();
+    assert_eq!(scalar(per_sample.loss), scalar(per_step.loss));
+    assert_eq!(per_sample.diagnostics, per_step.diagnostics);
+
+    // a per-sample vector where per-step advantages belong is refused
+    let err = dpok_loss_per_step(
+        t2::<F64>(&lp, [2, 2]),
+        t2(&[0.0; 4], [2, 2]),
+        t2(&[2.0, -1.0], [2, 1]),
+        clip,
+        10.0,
+    );
+    assert!(matches!(err, Err(FlowGrpoError::ShapeMismatch { .. })));
 }
 
 #[test]

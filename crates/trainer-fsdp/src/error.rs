@@ -302,6 +302,13 @@ pub enum TrainerError {
         rollout: u64,
     },
 
+    /// A learned value baseline ([`crate::value`]) given inputs it cannot take.
+    #[error("value baseline: {problem}")]
+    InvalidValueBaseline {
+        /// What is wrong, with the values involved.
+        problem: String,
+    },
+
     /// An algorithm name no `[algorithm] kind` has.
     #[error("unknown algorithm {given:?}; the algorithms are {known}")]
     UnknownAlgorithm {

@@ -75,6 +75,7 @@ pub mod signal;
 pub mod sweep;
 pub mod train;
 pub mod transformer_policy;
+pub mod value;
 pub mod workers;
 pub mod world;
 
