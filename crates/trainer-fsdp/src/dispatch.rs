@@ -483,20 +483,12 @@ impl<B: AutodiffBackend> Job<B> for RankJob<'_, B> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::RecipeName;
-    use crate::{Override, TrainConfig};
+    use crate::config::shapes_recipe_with as with;
 
     /// The banner names what is trained: the LoRA's rank, or every weight under a full
     /// fine-tune (whose config has no `[lora]`, so no rank).
     #[test]
     fn the_banner_names_what_is_trained() {
-        let with = |o: &[&str]| {
-            TrainConfig::from_recipe(
-                RecipeName::ShapesWorldLora,
-                &Override::parse_all(o).unwrap(),
-            )
-            .unwrap()
-        };
         let lora = banner(&with(&[]), "FlowGRPO", "shapes world", Path::new("runs/x"));
         assert!(lora.contains(", LoRA rank 8, lr 0.002,"), "{lora}");
         let full = banner(

@@ -112,6 +112,16 @@ mod recipes;
 #[cfg(test)]
 mod tests;
 
+/// The shapes-world recipe with the `key=value` overrides `o`, for the crate's tests.
+#[cfg(test)]
+pub(crate) fn shapes_recipe_with(o: &[&str]) -> TrainConfig {
+    TrainConfig::from_recipe(
+        RecipeName::ShapesWorldLora,
+        &Override::parse_all(o).unwrap(),
+    )
+    .unwrap()
+}
+
 pub use overrides::{Override, OverrideProblem};
 pub use preflight::{
     AdamWSettings, AlgorithmPlan, BatchGeometry, LoraInit, Preflight, PreflightProblem,

@@ -628,13 +628,9 @@ fn an_awm_section_takes_its_defaults_and_names_every_bad_key() {
 #[test]
 fn a_dpok_section_takes_the_release_defaults_and_names_every_bad_key() {
     let dpok = |extra: &[&str]| {
-        let mut o = vec!["algorithm={ kind = \"dpok\" }".to_string()];
-        o.extend(extra.iter().map(|s| s.to_string()));
-        TrainConfig::from_recipe(
-            RecipeName::ShapesWorldLora,
-            &Override::parse_all(&o).unwrap(),
-        )
-        .unwrap()
+        let mut o = vec!["algorithm={ kind = \"dpok\" }"];
+        o.extend_from_slice(extra);
+        shapes_recipe_with(&o)
     };
     let c = dpok(&[]);
     assert_eq!(c.algorithm, AlgorithmSection::Dpok(DpokSection::default()));
@@ -718,13 +714,7 @@ fn the_schedule_sources_and_arithmetic_are_named_options() {
 fn the_ema_section_is_checked() {
     let c = TrainConfig::from_recipe(RecipeName::ShapesWorldLora, &[]).unwrap();
     assert!(c.ema.is_none() && c.preflight().unwrap().ema.is_none());
-    let with = |o: &[&str]| {
-        TrainConfig::from_recipe(
-            RecipeName::ShapesWorldLora,
-            &Override::parse_all(o).unwrap(),
-        )
-        .unwrap()
-    };
+    let with = shapes_recipe_with;
     let p = with(&["ema={ decay = 0.3, warmup = \"linear\", ramp = 0.001, update_interval = 1 }"])
         .preflight()
         .unwrap();
@@ -767,13 +757,7 @@ fn the_ema_section_is_checked() {
 /// listed with its key.
 #[test]
 fn the_nft_section_and_its_deterministic_rollouts() {
-    let with = |o: &[&str]| {
-        TrainConfig::from_recipe(
-            RecipeName::ShapesWorldLora,
-            &Override::parse_all(o).unwrap(),
-        )
-        .unwrap()
-    };
+    let with = shapes_recipe_with;
     let c = with(&["algorithm={ kind = \"nft\" }", "sampling.eta=0.0"]);
     assert_eq!(c.algorithm, AlgorithmSection::Nft(NftSection::default()));
     let p = c.preflight().unwrap();
@@ -1110,13 +1094,7 @@ fn eval_guidance_is_checked() {
 /// name; absent, the evaluation samples the rollouts' schedule.
 #[test]
 fn eval_steps_are_their_own_schedule() {
-    let with = |o: &[&str]| {
-        TrainConfig::from_recipe(
-            RecipeName::ShapesWorldLora,
-            &Override::parse_all(&o.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap(),
-        )
-        .unwrap()
-    };
+    let with = shapes_recipe_with;
     let plain = with(&[]).preflight().unwrap();
     assert_eq!(plain.eval_schedule, plain.schedule);
     let c = with(&[
