@@ -21,7 +21,8 @@
 //!
 //! A model crate maps its parameters to `(key, shape)` pairs, calls [`Checkpoint::check`], then
 //! reads each tensor and lays it out itself (e.g. [`transpose`] of PyTorch's `[out, in]`).
-//! Writing checkpoints is not here; this crate only reads.
+//! [`PRETRAINED_CONFIG_KEYS`] lists the attributes every transformers config carries, for the
+//! config readers of the model crates. Writing checkpoints is not here; this crate only reads.
 #![deny(missing_docs)]
 
 mod checkpoint;
@@ -29,6 +30,7 @@ mod convert;
 mod error;
 mod hash;
 mod report;
+mod transformers_config;
 
 pub use checkpoint::{Checkpoint, DIFFUSERS, Layout, TRANSFORMERS, TensorMeta, variant_name};
 pub use convert::{FloatDtype, FloatValues, decode, decode_f32, decode_f64, transpose};
@@ -37,6 +39,7 @@ pub use hash::{ContentHasher, hash_tensors, hex, tensor_digest};
 pub use report::{DtypeProblem, ShapeMismatch, WeightReport};
 /// The stored dtype of a tensor (safetensors' own).
 pub use safetensors::Dtype;
+pub use transformers_config::PRETRAINED_CONFIG_KEYS;
 
 #[cfg(test)]
 mod tests;

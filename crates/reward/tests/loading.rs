@@ -219,6 +219,62 @@ fn the_fixture_config_is_the_tiny_preset() {
     assert_eq!(c, tiny);
 }
 
+/// The `config.json` of a CLIP-H/14 as transformers 4.21, 4.25 (PickScore_v1's era: every
+/// generic attribute written out) and 4.57 save it (`fixtures/generate/clip_config_fixtures.py`)
+/// loads strictly to the PickScore preset; the older ones keep the legacy end-of-text id 2.
+#[test]
+fn every_transformers_layout_of_a_clip_config_loads_strictly() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/reward/clip_configs");
+    for (version, eos) in [("4.21.3", 2), ("4.25.1", 2), ("4.57.6", 49407)] {
+        let path = dir.join(format!("transformers-{version}.json"));
+        let c = ClipConfig::from_transformers_json(&path)
+            .unwrap_or_else(|e| panic!("transformers {version}: {e}"));
+        let mut want = ClipConfig::pickscore_v1();
+        want.text_config.eos_token_id = eos;
+        assert_eq!(c, want, "transformers {version}");
+    }
+}
+
+/// Every key is read, inert or refused by name: an unknown key at any level, a foreign
+/// `model_type` and pruned heads are listed together.
+#[test]
+fn unknown_clip_config_keys_are_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.json");
+    std::fs::write(
+        &path,
+        r#"{"model_type": "clip", "use_siglip_loss": true, "architectures": ["CLIPModel"],
+            "text_config": {"hidden_size": 64, "num_attention_heads": 4, "rope_theta": 10000.0,
+                            "num_beams": 1, "pruned_heads": {"0": [1]}},
+            "vision_config": {"model_type": "siglip_vision_model", "use_head": false,
+                              "pruned_heads": {}, "eos_token_id": null}}"#,
+    )
+    .unwrap();
+    match ClipConfig::from_transformers_json(&path) {
+        Err(RewardError::InvalidConfig { problems, .. }) => {
+            let mut fields: Vec<&str> = problems.iter().map(|p| p.field.as_str()).collect();
+            fields.sort_unstable();
+            assert_eq!(
+                fields,
+                [
+                    "text_config.pruned_heads",
+                    "text_config.rope_theta",
+                    "use_siglip_loss",
+                    "vision_config.model_type",
+                    "vision_config.use_head",
+                ],
+                "{problems:?}"
+            );
+            let p = problems
+                .iter()
+                .find(|p| p.field == "vision_config.model_type")
+                .unwrap();
+            assert!(p.allowed.contains("clip_vision_model"), "{p:?}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
 #[test]
 fn config_problems_are_listed_together() {
     let dir = tempfile::tempdir().unwrap();

@@ -241,8 +241,11 @@ impl ClipConfig {
     /// Missing keys take transformers' defaults; `text_config_dict` / `vision_config_dict`
     /// (older files) override `text_config` / `vision_config` as in transformers;
     /// `image_size` / `patch_size` may be an integer or a square `[h, w]` pair; only the
-    /// activations `gelu` and `quick_gelu` are supported. Unknown keys are ignored. Every type
-    /// error and every invalid value is reported together.
+    /// activations `gelu` and `quick_gelu` are supported. Every key is read, one of
+    /// [`INERT_KEYS`] or of the attributes every transformers config carries
+    /// ([`model_weights::PRETRAINED_CONFIG_KEYS`]), or refused by name: a `model_type` other
+    /// than CLIP's, a non-empty `pruned_heads` and any unknown key are problems. Every type
+    /// error, invalid value and refused key is reported together.
     pub fn from_transformers_json(path: impl AsRef<Path>) -> Result<Self, RewardError> {
         let path = path.as_ref();
         let text = std::fs::read_to_string(path).map_err(|e| RewardError::io(path, e))?;
@@ -328,6 +331,21 @@ impl ClipConfig {
             hidden_act: r.act(&vv, "vision_config", dv.hidden_act),
             layer_norm_eps: r.float(&vv, "vision_config", "layer_norm_eps", dv.layer_norm_eps),
         };
+        check_keys(&root, "", ROOT_KEYS, Some("clip"), r.problems);
+        check_keys(
+            &tv,
+            "text_config",
+            TEXT_KEYS,
+            Some("clip_text_model"),
+            r.problems,
+        );
+        check_keys(
+            &vv,
+            "vision_config",
+            VISION_KEYS,
+            Some("clip_vision_model"),
+            r.problems,
+        );
         let d = ClipConfig::new(ClipTextConfig::new(), ClipVisionConfig::new());
         let config = ClipConfig {
             text_config: text,
@@ -350,6 +368,124 @@ impl ClipConfig {
             });
         }
         Ok(config)
+    }
+}
+
+/// Keys of a CLIP `config.json` (at its root or in a tower's section) accepted with no
+/// effect on the embeddings or the scores, and why.
+pub const INERT_KEYS: &[(&str, &str)] = &[
+    ("architectures", "names the Python class"),
+    ("_name_or_path", "where the file came from"),
+    ("_commit_hash", "the Hub revision the file came from"),
+    ("transformers_version", "the version that saved the file"),
+    (
+        "torch_dtype",
+        "the saved dtype; each tensor's own dtype is read",
+    ),
+    ("dtype", "the saved dtype; each tensor's own dtype is read"),
+    ("initializer_factor", "random initialisation"),
+    ("initializer_range", "random initialisation"),
+    ("attention_dropout", "dropout, off when scoring"),
+    ("dropout", "dropout, off when scoring"),
+    ("bos_token_id", "the tokenizer's; no tower reads it"),
+    (
+        "eos_token_id",
+        "read in text_config, where it chooses the pooled token; the image tower has no tokens",
+    ),
+    (
+        "pad_token_id",
+        "padding, right of the end-of-text token whose state the causal text tower pools",
+    ),
+    (
+        "tie_word_embeddings",
+        "a language-model head, which CLIP has none of",
+    ),
+];
+
+/// The keys read at the root (the towers' sections and their older `*_dict` overrides;
+/// `model_type`, checked to be CLIP's).
+const ROOT_KEYS: &[&str] = &[
+    "text_config",
+    "vision_config",
+    "text_config_dict",
+    "vision_config_dict",
+    "projection_dim",
+    "logit_scale_init_value",
+    "model_type",
+];
+
+/// The keys read in `text_config`. A tower's own `projection_dim` is read by transformers'
+/// single-tower `CLIPTextModelWithProjection` only; a `CLIPModel` projects both towers to
+/// the root's, so it has no effect here.
+const TEXT_KEYS: &[&str] = &[
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "max_position_embeddings",
+    "hidden_act",
+    "layer_norm_eps",
+    "eos_token_id",
+    "projection_dim",
+    "model_type",
+];
+
+/// The keys read in `vision_config` (its `projection_dim` as the text tower's).
+const VISION_KEYS: &[&str] = &[
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_channels",
+    "image_size",
+    "patch_size",
+    "hidden_act",
+    "layer_norm_eps",
+    "projection_dim",
+    "model_type",
+];
+
+/// Lists as problems every key of the object `v` (the root, or a tower's section named
+/// `section`) that is neither in `read` nor inert nor generic, a `model_type` other than
+/// `model_type`, and a non-empty `pruned_heads`.
+fn check_keys(
+    v: &Value,
+    section: &str,
+    read: &[&str],
+    model_type: Option<&str>,
+    problems: &mut Vec<ConfigProblem>,
+) {
+    let Some(map) = v.as_object() else {
+        return;
+    };
+    for (key, value) in map {
+        let name = Reader::name(section, key);
+        if key == "model_type" {
+            if let Some(want) = model_type
+                && value.as_str() != Some(want)
+            {
+                problems.push(ConfigProblem::new(name, value, format!("\"{want}\"")));
+            }
+        } else if key == "pruned_heads" {
+            if value.as_object().is_none_or(|m| !m.is_empty()) {
+                problems.push(ConfigProblem::new(
+                    name,
+                    value,
+                    "{} (pruned heads are not implemented)",
+                ));
+            }
+        } else if !(read.contains(&key.as_str())
+            || INERT_KEYS.iter().any(|(k, _)| k == key)
+            || model_weights::PRETRAINED_CONFIG_KEYS.contains(&key.as_str()))
+        {
+            problems.push(ConfigProblem::new(
+                name,
+                value,
+                "no such key: not a CLIP config key that flowrl implements or knows to have no \
+                 effect",
+            ));
+        }
     }
 }
 

@@ -12,7 +12,7 @@ mod preprocess;
 mod tokenizer;
 mod weights;
 
-pub use config::{ClipConfig, ClipTextConfig, ClipVisionConfig, HiddenAct};
+pub use config::{ClipConfig, ClipTextConfig, ClipVisionConfig, HiddenAct, INERT_KEYS};
 pub use model::{
     Attention, CHECKPOINT_REMAP, ClipModel, Encoder, EncoderLayer, LayerNorm, Linear, Mlp,
     TextEmbeddings, TextModel, VisionEmbeddings, VisionModel, pooling_position,
