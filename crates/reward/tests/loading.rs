@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use burn::backend::Flex;
-use reward::clip::{ClipConfig, ClipModel, HiddenAct};
+use reward::clip::{ClipConfig, ClipImageProcessor, ClipModel, HiddenAct};
 use reward::{PickScore, PickScoreOptions, RewardError};
 use safetensors::tensor::{Dtype, TensorView};
 use support::*;
@@ -232,6 +232,41 @@ fn every_transformers_layout_of_a_clip_config_loads_strictly() {
         let mut want = ClipConfig::pickscore_v1();
         want.text_config.eos_token_id = eos;
         assert_eq!(c, want, "transformers {version}");
+    }
+}
+
+/// The default CLIP image processor as transformers 4.21 (`CLIPFeatureExtractor`, integer
+/// sizes), 4.25 and 4.57 (`CLIPImageProcessor`) save it reads strictly to the same settings;
+/// an unknown key, a foreign class and a fast processor's non-CLIP value are refused by name.
+#[test]
+fn every_transformers_layout_of_a_clip_processor_loads_strictly() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/reward/clip_configs");
+    for version in ["4.21.3", "4.25.1", "4.57.6"] {
+        let path = dir.join(format!("preprocessor-transformers-{version}.json"));
+        let p = ClipImageProcessor::from_json(&path)
+            .unwrap_or_else(|e| panic!("transformers {version}: {e}"));
+        assert_eq!(p, ClipImageProcessor::default(), "transformers {version}");
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("preprocessor_config.json");
+    std::fs::write(
+        &path,
+        r#"{"image_processor_type": "SiglipImageProcessor", "do_convert_rgb": true,
+            "default_to_square": true, "data_format": "channels_first", "device": null,
+            "crop_pct": 0.9, "size": {"shortest_edge": 224}}"#,
+    )
+    .unwrap();
+    match ClipImageProcessor::from_json(&path) {
+        Err(RewardError::InvalidConfig { problems, .. }) => {
+            let mut fields: Vec<&str> = problems.iter().map(|p| p.field.as_str()).collect();
+            fields.sort_unstable();
+            assert_eq!(
+                fields,
+                ["crop_pct", "default_to_square", "image_processor_type"],
+                "{problems:?}"
+            );
+        }
+        other => panic!("{other:?}"),
     }
 }
 

@@ -18,7 +18,8 @@ pub use model::{
     TextEmbeddings, TextModel, VisionEmbeddings, VisionModel, pooling_position,
 };
 pub use preprocess::{
-    CLIP_MEAN, CLIP_STD, ClipImageProcessor, PREPROCESSOR_FILE, Resample, center_crop, resize,
+    CLIP_MEAN, CLIP_STD, ClipImageProcessor, PREPROCESSOR_FILE, PROCESSOR_INERT_KEYS, Resample,
+    center_crop, resize,
 };
 pub use tokenizer::{ClipTokenizer, Padding, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE};
 pub use weights::{CONFIG_FILE, Checkpoint, INDEX_FILE, SINGLE_FILE};

@@ -27,6 +27,76 @@ pub const CLIP_STD: [f32; 3] = [0.268_629_54, 0.261_302_6, 0.275_777_1];
 /// File name of a transformers image-processor configuration.
 pub const PREPROCESSOR_FILE: &str = "preprocessor_config.json";
 
+/// Keys of a `preprocessor_config.json` accepted with no effect on the pixels, and why.
+pub const PROCESSOR_INERT_KEYS: &[(&str, &str)] = &[
+    (
+        "do_convert_rgb",
+        "the images scored are RGB already (no alpha, no palette)",
+    ),
+    (
+        "image_processor_type",
+        "names the Python class (checked to be a CLIP one)",
+    ),
+    (
+        "feature_extractor_type",
+        "names the Python class (checked to be a CLIP one)",
+    ),
+    ("processor_class", "names the Python class of the processor"),
+    ("device", "where a fast processor computes, not what"),
+    ("return_tensors", "the Python tensor type returned"),
+    (
+        "disable_grouping",
+        "how a fast processor batches images of one size, not the pixels",
+    ),
+];
+
+/// The keys [`ClipImageProcessor::from_json`] reads.
+const PROCESSOR_KEYS: &[&str] = &[
+    "do_resize",
+    "do_center_crop",
+    "do_rescale",
+    "do_normalize",
+    "size",
+    "crop_size",
+    "resample",
+    "rescale_factor",
+    "image_mean",
+    "image_std",
+];
+
+/// Lists every key of the processor settings `v` that is not read, not inert and not a fast
+/// processor's key at CLIP's own value, and a class name that is not CLIP's.
+fn check_processor_keys(v: &Value, problems: &mut Vec<ConfigProblem>) {
+    let Some(map) = v.as_object() else {
+        return;
+    };
+    for (key, value) in map {
+        let k = key.as_str();
+        let clip_class = |value: &Value| value.as_str().is_some_and(|c| c.starts_with("CLIP"));
+        let ok = match k {
+            "image_processor_type" | "feature_extractor_type" => clip_class(value),
+            "default_to_square" => value == &Value::Bool(false),
+            "data_format" => value.is_null() || value.as_str() == Some("channels_first"),
+            "input_data_format" => value.is_null(),
+            "do_pad" => value.is_null() || value == &Value::Bool(false),
+            _ => PROCESSOR_KEYS.contains(&k) || PROCESSOR_INERT_KEYS.iter().any(|(i, _)| *i == k),
+        };
+        if !ok {
+            let allowed = match k {
+                "image_processor_type" | "feature_extractor_type" => "a CLIP class (\"CLIP…\")",
+                "default_to_square" => "false (CLIP resizes the shortest side)",
+                "data_format" => "\"channels_first\" or null",
+                "input_data_format" => "null (the input layout is inferred)",
+                "do_pad" => "false or null (CLIP does not pad)",
+                _ => {
+                    "no such key: not a CLIP image-processor key that flowrl implements or knows to have no effect"
+                }
+            };
+            problems.push(ConfigProblem::new(k, value, allowed));
+        }
+    }
+}
+
 /// A resampling filter of Pillow (`PIL.Image.Resampling`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Resample {
@@ -225,8 +295,11 @@ impl Default for ClipImageProcessor {
 impl ClipImageProcessor {
     /// Reads a transformers `preprocessor_config.json`; missing keys take CLIP's defaults.
     /// `size` may be `{"shortest_edge": n}` or an integer, `crop_size` `{"height", "width"}`
-    /// or an integer; `resample` must be 2 (bilinear) or 3 (bicubic). Every problem is
-    /// reported together.
+    /// or an integer; `resample` must be 2 (bilinear) or 3 (bicubic). Every other key is one
+    /// of [`PROCESSOR_INERT_KEYS`] or a fast processor's key at the value that is CLIP's own
+    /// processing (`default_to_square = false`, `data_format = "channels_first"`, `do_pad =
+    /// false`, no `input_data_format`); any other key or value is refused by name. Every
+    /// problem is reported together.
     pub fn from_json(path: impl AsRef<Path>) -> Result<Self, RewardError> {
         let path = path.as_ref();
         let text = std::fs::read_to_string(path).map_err(|e| RewardError::io(path, e))?;
@@ -333,6 +406,7 @@ impl ClipImageProcessor {
                 }
             }
         }
+        check_processor_keys(&v, &mut problems);
         RewardError::config("CLIP image processor", problems)?;
         Ok(p)
     }
