@@ -6,12 +6,17 @@
 //! cargo run --release --example compare_algorithms                      # 8 methods x 5 seeds, 600 CPU s each
 //! cargo run --release --example compare_algorithms -- --methods flow_grpo,nft --seeds 1 --budget 120
 //! cargo run --release --example compare_algorithms -- --reuse           # the table again from finished runs
+//! cargo run --release --example compare_algorithms -- --methods awm --variant awm_trust=awm \
+//!     --set-for awm_trust:algorithm.kl_coef=0.001                       # a method beside its variant
 //! ```
 //!
 //! Each run is the recipe (`--recipe`, the shapes world's by default) with the method's
 //! `[algorithm]` (as `qwen_image_t2i_lora --algorithm`), `run.seed`, `run.cpu_budget_seconds`
-//! and `eval.interval` set, then every `--set`. It runs until its budget is spent and ends
-//! with an evaluation. Runs go to `<out>/<method>/seed_<N>/`; the table to
+//! and `eval.interval` set, then every `--set`, then the entry's own `--set-for`. A
+//! `--variant LABEL=METHOD` is one more entry running METHOD under its own label (with its own
+//! `--set-for LABEL:KEY=VALUE`), so that one table holds a method and its variants. It runs
+//! until its budget is spent and ends with an evaluation. Runs go to
+//! `<out>/<label>/seed_<N>/` (a method's label is its name); the table to
 //! `<out>/comparison.md`, the plot to `<out>/comparison.png`, every evaluation to
 //! `<out>/curves.csv`. The CPU axis is the process's own CPU time, so a busy machine does not
 //! move it much, but another CPU model does.
@@ -28,8 +33,11 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use burn::backend::Autodiff;
 use clap::Parser;
-use trainer_fsdp::compare::{RunCurve, comparison_table, gains_by_seed, run_curve, write_plot};
-use trainer_fsdp::config::{ALGORITHM_NAMES, algorithm_overrides};
+use trainer_fsdp::compare::{
+    ComparisonEntry, RunCurve, comparison_entries, comparison_table, gains_by_seed, run_curve,
+    write_plot,
+};
+use trainer_fsdp::config::algorithm_overrides;
 use trainer_fsdp::{Override, RecipeName, StopFlag, TrainConfig, names, read_jsonl};
 
 /// The algorithm comparison on the CPU backend.
@@ -43,6 +51,14 @@ struct Args {
         default_value = "flow_grpo,awm,nft,dpo,dpok,grpo_guard,mix_grpo,dance_grpo,flow_grpo_fast,fdfo"
     )]
     methods: Vec<String>,
+    /// A labelled variant of a method, `LABEL=METHOD` (repeatable): one more entry of the
+    /// table, its runs in `<out>/<LABEL>/`.
+    #[arg(long = "variant", value_name = "LABEL=METHOD")]
+    variants: Vec<String>,
+    /// An override for one entry, `LABEL:KEY=VALUE` (repeatable; a method's label is its
+    /// name), applied after `--set`.
+    #[arg(long = "set-for", value_name = "LABEL:KEY=VALUE")]
+    set_for: Vec<String>,
     /// Seeds per method.
     #[arg(long, default_value_t = 5)]
     seeds: u64,
@@ -73,14 +89,7 @@ struct Args {
 fn main() -> Result<()> {
     common::keep_freed_pages();
     let args = Args::parse();
-    for m in &args.methods {
-        if !ALGORITHM_NAMES.contains(&m.as_str()) {
-            bail!(
-                "--methods: unknown method {m:?}; the methods are {}",
-                ALGORITHM_NAMES.join(", ")
-            );
-        }
-    }
+    let entries = comparison_entries(&args.methods, &args.variants, &args.set_for)?;
     if !(args.budget.is_finite() && args.budget > 0.0) {
         bail!("--budget {}: expected CPU seconds > 0", args.budget);
     }
@@ -90,9 +99,10 @@ fn main() -> Result<()> {
     let recipe = RecipeName::parse(&args.recipe)?;
     let stop = StopFlag::install()?;
     let mut curves: Vec<RunCurve> = Vec::new();
-    let total = args.methods.len() as u64 * args.seeds;
+    let total = entries.len() as u64 * args.seeds;
     let mut done = 0;
-    for method in &args.methods {
+    for entry in &entries {
+        let method = &entry.label;
         for seed in args.first_seed..args.first_seed + args.seeds {
             done += 1;
             let dir = args.out.join(method).join(format!("seed_{seed}"));
@@ -104,7 +114,7 @@ fn main() -> Result<()> {
                 );
             } else {
                 println!("[{done}/{total}] {method}, seed {seed}: {}", dir.display());
-                let cfg = config(recipe, method, seed, &args, &dir)?;
+                let cfg = config(recipe, entry, seed, &args, &dir)?;
                 let pre = cfg.preflight()?;
                 trainer_fsdp::dispatch::train::<Autodiff<flowrl::backend::Cpu>>(
                     &cfg,
@@ -133,14 +143,17 @@ fn main() -> Result<()> {
             curves.push(curve);
         }
     }
-    let target = if args.methods.iter().any(|m| m == "flow_grpo") {
+    let Some(first) = entries.first() else {
+        bail!("no methods: give --methods or --variant");
+    };
+    let target = if entries.iter().any(|e| e.label == "flow_grpo") {
         "flow_grpo"
     } else {
-        args.methods[0].as_str()
+        first.label.as_str()
     };
     let table = comparison_table(&curves, target);
     let mut md = format!(
-        "Command: `cargo run --release --example compare_algorithms -- --methods {} --seeds {} --first-seed {} --budget {} --eval-interval {}{}`\n\
+        "Command: `cargo run --release --example compare_algorithms -- --methods {} --seeds {} --first-seed {} --budget {} --eval-interval {}{}{}{}`\n\
          Machine: {}\n\n",
         args.methods.join(","),
         args.seeds,
@@ -150,6 +163,14 @@ fn main() -> Result<()> {
         args.overrides
             .iter()
             .map(|o| format!(" --set {o}"))
+            .collect::<String>(),
+        args.variants
+            .iter()
+            .map(|v| format!(" --variant {v}"))
+            .collect::<String>(),
+        args.set_for
+            .iter()
+            .map(|o| format!(" --set-for {o}"))
             .collect::<String>(),
         common::machine(),
     );
@@ -182,10 +203,10 @@ fn main() -> Result<()> {
     Ok(())
 }
 
-/// The run of `method` and `seed` in `dir`.
+/// The run of `entry` and `seed` in `dir`.
 fn config(
     recipe: RecipeName,
-    method: &str,
+    entry: &ComparisonEntry,
     seed: u64,
     args: &Args,
     dir: &Path,
@@ -197,7 +218,7 @@ fn config(
         // an earlier, unfinished run in the directory is moved aside
         Override::parse("checkpoint.overwrite=true")?,
     ];
-    o.extend(algorithm_overrides(method)?);
+    o.extend(algorithm_overrides(&entry.method)?);
     o.push(Override::parse(&format!("run.seed={seed}"))?);
     o.push(Override::parse("run.num_rollouts=1000000")?);
     o.push(Override::parse(&format!(
@@ -209,6 +230,7 @@ fn config(
         args.eval_interval
     ))?);
     o.extend(Override::parse_all(&args.overrides)?);
+    o.extend(Override::parse_all(&entry.overrides)?);
     Ok(TrainConfig::from_recipe(recipe, &o)?)
 }
 

@@ -24,6 +24,116 @@ use crate::monitor::{Axes, Series, names, plot_curves, read_jsonl, write_png};
 use crate::run::{EVAL_REWARD, EVAL_REWARD_SE};
 use crate::sweep::Spread;
 
+/// One entry of a comparison: its label (the table's row, and the runs' directory
+/// `<out>/<label>/seed_<N>`), the method it runs (an `--algorithm` name of the main example)
+/// and its own `key=value` overrides, applied after the method's preset and the overrides every
+/// entry shares.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ComparisonEntry {
+    /// The label.
+    pub label: String,
+    /// The method.
+    pub method: String,
+    /// The entry's own overrides, in order.
+    pub overrides: Vec<String>,
+}
+
+/// The entries of a comparison: each of `methods` under its own name, then each of
+/// `variants` (`LABEL=METHOD`, e.g. `awm_trust=awm`), with every `set_for`
+/// (`LABEL:KEY=VALUE`, e.g. `awm_trust:algorithm.kl_coef=0.001`) appended to its label's
+/// overrides.
+///
+/// # Errors
+/// [`TrainerError::ComparisonEntry`] for an unknown method, a label that is empty, repeated or
+/// not lowercase letters, digits and `_`, a malformed variant or override, or an override
+/// for a label no entry has.
+///
+/// ```
+/// use trainer_fsdp::compare::comparison_entries;
+/// let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+/// let e = comparison_entries(
+///     &s(&["flow_grpo", "awm"]),
+///     &s(&["awm_trust=awm"]),
+///     &s(&["awm_trust:algorithm.kl_coef=0.001"]),
+/// )
+/// .unwrap();
+/// assert_eq!(e.len(), 3);
+/// assert_eq!((e[2].label.as_str(), e[2].method.as_str()), ("awm_trust", "awm"));
+/// assert_eq!(e[2].overrides, ["algorithm.kl_coef=0.001"]);
+/// assert!(e[1].overrides.is_empty());
+/// ```
+pub fn comparison_entries(
+    methods: &[String],
+    variants: &[String],
+    set_for: &[String],
+) -> Result<Vec<ComparisonEntry>, TrainerError> {
+    let bad = |given: &str, problem: String| TrainerError::ComparisonEntry {
+        given: given.to_string(),
+        problem,
+    };
+    let known = crate::config::ALGORITHM_NAMES;
+    let mut entries: Vec<ComparisonEntry> = Vec::new();
+    let pairs = methods
+        .iter()
+        .map(|m| (m.as_str(), m.as_str(), m.as_str()))
+        .chain(variants.iter().map(|v| {
+            let (label, method) = v.split_once('=').unwrap_or(("", v.as_str()));
+            (v.as_str(), label.trim(), method.trim())
+        }));
+    for (given, label, method) in pairs {
+        if !known.contains(&method) {
+            return Err(bad(
+                given,
+                format!(
+                    "unknown method {method:?}; a variant is LABEL=METHOD and the methods are {}",
+                    known.join(", ")
+                ),
+            ));
+        }
+        if label.is_empty()
+            || !label
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        {
+            return Err(bad(
+                given,
+                format!(
+                    "label {label:?}: expected lowercase letters, digits and '_' (LABEL=METHOD)"
+                ),
+            ));
+        }
+        if entries.iter().any(|e| e.label == label) {
+            return Err(bad(given, format!("label {label:?} appears twice")));
+        }
+        entries.push(ComparisonEntry {
+            label: label.to_string(),
+            method: method.to_string(),
+            overrides: Vec::new(),
+        });
+    }
+    for given in set_for {
+        let Some((label, o)) = given.split_once(':') else {
+            return Err(bad(
+                given,
+                "expected LABEL:KEY=VALUE, e.g. awm_trust:algorithm.kl_coef=0.001".into(),
+            ));
+        };
+        crate::Override::parse(o).map_err(|e| bad(given, e.to_string()))?;
+        let Some(i) = entries.iter().position(|e| e.label == label.trim()) else {
+            let labels: Vec<&str> = entries.iter().map(|e| e.label.as_str()).collect();
+            return Err(bad(
+                given,
+                format!(
+                    "no entry is labelled {label:?}; the labels are {}",
+                    labels.join(", ")
+                ),
+            ));
+        };
+        entries[i].overrides.push(o.to_string());
+    }
+    Ok(entries)
+}
+
 /// One evaluation of a run: the held-out reward after `cpu_seconds` of training.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct CurvePoint {
@@ -296,6 +406,49 @@ pub fn write_plot(curves: &[RunCurve], path: &Path) -> Result<(), TrainerError> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn comparison_entries_are_checked() {
+        let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        let entries = |m: &[&str], v: &[&str], o: &[&str]| comparison_entries(&s(m), &s(v), &s(o));
+        let e = entries(
+            &["nft"],
+            &["nft_beta=nft", "awm_trust=awm"],
+            &[
+                "nft_beta:algorithm.beta=0.1",
+                "awm_trust:algorithm.kl_coef=0.001",
+                "nft:run.seed=3",
+            ],
+        )
+        .unwrap();
+        let labels: Vec<&str> = e.iter().map(|e| e.label.as_str()).collect();
+        assert_eq!(labels, ["nft", "nft_beta", "awm_trust"]);
+        assert_eq!(e[0].overrides, ["run.seed=3"]);
+        assert_eq!(e[1].method, "nft");
+        for (m, v, o, want) in [
+            (&["ppo"][..], &[][..], &[][..], "unknown method \"ppo\""),
+            (&[], &["awm"], &[], "label \"\""),
+            (&[], &["Awm=awm"], &[], "label \"Awm\""),
+            (&["awm"], &["awm=awm"], &[], "appears twice"),
+            (&[], &["x=ppo"], &[], "unknown method"),
+            (
+                &["awm"],
+                &[],
+                &["awm=algorithm.kl_coef=1"],
+                "LABEL:KEY=VALUE",
+            ),
+            (
+                &["awm"],
+                &[],
+                &["nft:algorithm.beta=1"],
+                "no entry is labelled \"nft\"",
+            ),
+            (&["awm"], &[], &["awm:algorithm"], "key=value"),
+        ] {
+            let err = entries(m, v, o).unwrap_err().to_string();
+            assert!(err.contains(want), "{m:?} {v:?} {o:?}: {err}");
+        }
+    }
 
     fn curve(method: &str, seed: u64, pts: &[(f64, f64)]) -> RunCurve {
         RunCurve {

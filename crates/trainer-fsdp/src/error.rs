@@ -302,6 +302,16 @@ pub enum TrainerError {
         rollout: u64,
     },
 
+    /// A method, variant or per-entry override of an algorithm comparison
+    /// ([`crate::compare::comparison_entries`]) that cannot be run.
+    #[error("comparison entry {given:?}: {problem}")]
+    ComparisonEntry {
+        /// The entry as given.
+        given: String,
+        /// What is wrong, and what is expected.
+        problem: String,
+    },
+
     /// A learned value baseline ([`crate::value`]) given inputs it cannot take.
     #[error("value baseline: {problem}")]
     InvalidValueBaseline {
