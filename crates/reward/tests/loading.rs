@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use burn::backend::Flex;
-use reward::clip::{ClipConfig, ClipImageProcessor, ClipModel, HiddenAct};
+use reward::clip::{ClipConfig, ClipImageProcessor, ClipModel, ClipTokenizer, HiddenAct};
 use reward::{PickScore, PickScoreOptions, RewardError};
 use safetensors::tensor::{Dtype, TensorView};
 use support::*;
@@ -263,6 +263,58 @@ fn every_transformers_layout_of_a_clip_processor_loads_strictly() {
             assert_eq!(
                 fields,
                 ["crop_pct", "default_to_square", "image_processor_type"],
+                "{problems:?}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+/// The `tokenizer_config.json` of a CLIP tokenizer as transformers 4.21, 4.25 and 4.57 save
+/// it, beside the tiny model's `tokenizer.json`, loads strictly and pads with
+/// `<|endoftext|>`; special tokens missing from the vocabulary, left padding, split special
+/// tokens, a foreign class and unknown keys are refused by name, together.
+#[test]
+fn every_transformers_layout_of_a_clip_tokenizer_config_loads_strictly() {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/reward/clip_configs");
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        tiny_clip().join("tokenizer.json"),
+        dir.path().join("tokenizer.json"),
+    )
+    .unwrap();
+    let want = ClipTokenizer::from_dir(tiny_clip(), 77).unwrap().pad_id();
+    for version in ["4.21.3", "4.25.1", "4.57.6"] {
+        std::fs::copy(
+            fixtures.join(format!("tokenizer_config-transformers-{version}.json")),
+            dir.path().join("tokenizer_config.json"),
+        )
+        .unwrap();
+        let tok = ClipTokenizer::from_dir(dir.path(), 77)
+            .unwrap_or_else(|e| panic!("transformers {version}: {e}"));
+        assert_eq!(tok.pad_id(), want, "transformers {version}");
+    }
+    std::fs::write(
+        dir.path().join("tokenizer_config.json"),
+        r#"{"tokenizer_class": "SiglipTokenizer", "bos_token": "<s>", "padding_side": "left",
+            "split_special_tokens": true, "do_lower_case": true, "errors": "replace",
+            "eos_token": {"content": "<|endoftext|>"}, "truncation_side": "right",
+            "legacy": false}"#,
+    )
+    .unwrap();
+    match ClipTokenizer::from_dir(dir.path(), 77) {
+        Err(RewardError::InvalidConfig { problems, .. }) => {
+            let mut fields: Vec<&str> = problems.iter().map(|p| p.field.as_str()).collect();
+            fields.sort_unstable();
+            assert_eq!(
+                fields,
+                [
+                    "bos_token",
+                    "legacy",
+                    "padding_side",
+                    "split_special_tokens",
+                    "tokenizer_class",
+                ],
                 "{problems:?}"
             );
         }

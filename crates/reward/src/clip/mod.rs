@@ -21,5 +21,7 @@ pub use preprocess::{
     CLIP_MEAN, CLIP_STD, ClipImageProcessor, PREPROCESSOR_FILE, PROCESSOR_INERT_KEYS, Resample,
     center_crop, resize,
 };
-pub use tokenizer::{ClipTokenizer, Padding, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE};
+pub use tokenizer::{
+    ClipTokenizer, Padding, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, TOKENIZER_INERT_KEYS,
+};
 pub use weights::{CONFIG_FILE, Checkpoint, INDEX_FILE, SINGLE_FILE};
