@@ -362,8 +362,9 @@ pub struct ValueFit {
 ///
 /// # Errors
 /// [`TrainerError::InvalidValueBaseline`] for an empty buffer, zero minibatches or rows, a
-/// learning rate not finite and `> 0`, or a non-finite loss (the network is returned
-/// unchanged only through the error path's absence: it is consumed).
+/// learning rate not finite and `> 0`, or a non-finite loss. The network is consumed either
+/// way: a caller that must survive an error keeps a clone (its parameters are shared, not
+/// copied, until the step).
 pub fn fit_value<B, O>(
     net: ValueNet<B>,
     optimizer: &mut O,
