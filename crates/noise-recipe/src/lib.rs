@@ -45,6 +45,7 @@ mod step_noise;
 mod torch;
 
 pub use error::NoiseError;
+pub use native::fill_normals;
 pub use recipe::{HostLatents, NoiseAlgorithm, NoiseRecipe, resolve_initial_noise};
 pub use sample_id::{PromptMeta, SampleId, SampleIdMode};
 pub use step_noise::{DenoiseSeeds, StepNoise, forward_noise};

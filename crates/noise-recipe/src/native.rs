@@ -10,7 +10,7 @@ use crate::cephes;
 /// `u1 = (x >> 40) 2^-24`, `u2 = ((x >> 16) & (2^24 - 1)) 2^-24` and two normals
 /// `sqrt(-2 log(1 - u1)) (cos, sin)(2 pi u2)`, written in that order (an odd tail drops the
 /// sine). Values lie within about 5.8 standard deviations (the 24-bit uniforms' resolution).
-pub(crate) fn fill_normals(rng: &mut PcgStream, out: &mut [f32]) {
+pub fn fill_normals(rng: &mut PcgStream, out: &mut [f32]) {
     const SCALE: f32 = 1.0 / 16_777_216.0;
     for pair in out.chunks_mut(2) {
         let x = rng.next_u64();

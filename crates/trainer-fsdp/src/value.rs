@@ -94,15 +94,14 @@ pub struct ValueNet<B: Backend> {
     pub head: Linear<B>,
 }
 
-/// `n` draws of `N(0, std^2)` (Box-Muller over the stream's open unit floats).
+/// `n` draws of `N(0, std^2)`: the workspace's platform-independent keyed normals
+/// ([`noise_recipe::fill_normals`]), scaled.
 fn normals(rng: &mut PcgStream, n: usize, std: f64) -> Vec<f32> {
-    (0..n)
-        .map(|_| {
-            let u1 = 1.0 - rng.unit_f64(); // in (0, 1]
-            let u2 = rng.unit_f64();
-            ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos() * std) as f32
-        })
-        .collect()
+    let mut out = vec![0.0f32; n];
+    noise_recipe::fill_normals(rng, &mut out);
+    let std = std as f32;
+    out.iter_mut().for_each(|v| *v *= std);
+    out
 }
 
 /// `n` draws of `U(lo, hi)`.
