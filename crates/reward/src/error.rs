@@ -78,6 +78,17 @@ pub enum RewardError {
         problems: Vec<ConfigProblem>,
     },
 
+    /// A configuration file is invalid; every problem is listed.
+    #[error("invalid {what} in {}: {}", path.display(), join(problems))]
+    InvalidConfigFile {
+        /// The file.
+        path: PathBuf,
+        /// What it configures (`CLIP config.json`, ...).
+        what: &'static str,
+        /// The problems, each with the value given and what is allowed.
+        problems: Vec<ConfigProblem>,
+    },
+
     /// A batch was built with no input at all.
     #[error("a batch needs at least one input (images, prompts or metadata)")]
     EmptyBatchInputs,
@@ -401,6 +412,22 @@ impl RewardError {
             Ok(())
         } else {
             Err(RewardError::InvalidConfig { what, problems })
+        }
+    }
+
+    pub(crate) fn config_file(
+        path: impl Into<PathBuf>,
+        what: &'static str,
+        problems: Vec<ConfigProblem>,
+    ) -> Result<(), Self> {
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(RewardError::InvalidConfigFile {
+                path: path.into(),
+                what,
+                problems,
+            })
         }
     }
 }

@@ -257,7 +257,15 @@ fn every_transformers_layout_of_a_clip_processor_loads_strictly() {
     )
     .unwrap();
     match ClipImageProcessor::from_json(&path) {
-        Err(RewardError::InvalidConfig { problems, .. }) => {
+        Err(e @ RewardError::InvalidConfigFile { .. }) => {
+            let RewardError::InvalidConfigFile {
+                path: at, problems, ..
+            } = &e
+            else {
+                unreachable!()
+            };
+            assert!(at.is_file(), "{e}");
+            assert!(e.to_string().contains(&at.display().to_string()), "{e}");
             let mut fields: Vec<&str> = problems.iter().map(|p| p.field.as_str()).collect();
             fields.sort_unstable();
             assert_eq!(
@@ -303,7 +311,15 @@ fn every_transformers_layout_of_a_clip_tokenizer_config_loads_strictly() {
     )
     .unwrap();
     match ClipTokenizer::from_dir(dir.path(), 77) {
-        Err(RewardError::InvalidConfig { problems, .. }) => {
+        Err(e @ RewardError::InvalidConfigFile { .. }) => {
+            let RewardError::InvalidConfigFile {
+                path: at, problems, ..
+            } = &e
+            else {
+                unreachable!()
+            };
+            assert!(at.is_file(), "{e}");
+            assert!(e.to_string().contains(&at.display().to_string()), "{e}");
             let mut fields: Vec<&str> = problems.iter().map(|p| p.field.as_str()).collect();
             fields.sort_unstable();
             assert_eq!(
@@ -338,7 +354,15 @@ fn unknown_clip_config_keys_are_refused_by_name() {
     )
     .unwrap();
     match ClipConfig::from_transformers_json(&path) {
-        Err(RewardError::InvalidConfig { problems, .. }) => {
+        Err(e @ RewardError::InvalidConfigFile { .. }) => {
+            let RewardError::InvalidConfigFile {
+                path: at, problems, ..
+            } = &e
+            else {
+                unreachable!()
+            };
+            assert!(at.is_file(), "{e}");
+            assert!(e.to_string().contains(&at.display().to_string()), "{e}");
             let mut fields: Vec<&str> = problems.iter().map(|p| p.field.as_str()).collect();
             fields.sort_unstable();
             assert_eq!(
@@ -374,7 +398,15 @@ fn config_problems_are_listed_together() {
     )
     .unwrap();
     match ClipConfig::from_transformers_json(&path) {
-        Err(RewardError::InvalidConfig { problems, .. }) => {
+        Err(e @ RewardError::InvalidConfigFile { .. }) => {
+            let RewardError::InvalidConfigFile {
+                path: at, problems, ..
+            } = &e
+            else {
+                unreachable!()
+            };
+            assert!(at.is_file(), "{e}");
+            assert!(e.to_string().contains(&at.display().to_string()), "{e}");
             let fields: Vec<&str> = problems.iter().map(|p| p.field.as_str()).collect();
             for f in [
                 "text_config.hidden_act",

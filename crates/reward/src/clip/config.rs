@@ -361,12 +361,7 @@ impl ClipConfig {
         if let Err(RewardError::InvalidConfig { problems: more, .. }) = config.validate() {
             problems.extend(more);
         }
-        if !problems.is_empty() {
-            return Err(RewardError::InvalidConfig {
-                what: "CLIP config.json",
-                problems,
-            });
-        }
+        RewardError::config_file(path, "CLIP config.json", problems)?;
         Ok(config)
     }
 }

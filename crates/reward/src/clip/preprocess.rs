@@ -407,7 +407,7 @@ impl ClipImageProcessor {
             }
         }
         check_processor_keys(&v, &mut problems);
-        RewardError::config("CLIP image processor", problems)?;
+        RewardError::config_file(path, "CLIP preprocessor_config.json", problems)?;
         Ok(p)
     }
 

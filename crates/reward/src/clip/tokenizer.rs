@@ -165,7 +165,7 @@ impl ClipTokenizer {
             })?;
             let mut problems = Vec::new();
             check_tokenizer_config(&v, &tokenizer, &mut problems);
-            RewardError::config("CLIP tokenizer_config.json", problems)?;
+            RewardError::config_file(&cfg, "CLIP tokenizer_config.json", problems)?;
             if let Some(p) = v.get("pad_token").filter(|p| !p.is_null()) {
                 pad = token_name(p).ok_or_else(|| RewardError::JsonField {
                     path: cfg.clone(),
