@@ -13,7 +13,7 @@ use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Tensor, TensorData};
 use flow_grpo::{
     AnchorRecorder, ClipDiagnostics, ClipRange, PolicyAnchor, SoftUpdate, UpdatePlan, dpok_loss,
-    grpo_clip_loss, log_prob_parity,
+    dpok_loss_per_step, grpo_clip_loss, log_prob_parity,
 };
 
 use crate::config::AnchorSource;
@@ -22,6 +22,7 @@ use crate::monitor::{Metrics, names};
 use crate::rollout::{ReferenceFn, ReplayTerms, StepColumns, pool_map, replay, replay_terms};
 use crate::run::TrainContext;
 use crate::train::{MicroBatchLoss, UpdateReport, autodiff_replicas};
+use crate::value::ValueBaselineSettings;
 use crate::world::World;
 
 /// What a rollout records for the updates.
@@ -76,6 +77,15 @@ pub trait Algorithm<B: AutodiffBackend, W: World<B>>: Sync {
         None
     }
 
+    /// A learned value baseline for the run to keep (DPOK's `r - V(x_t, c, t)`): each rollout
+    /// the run pushes its rows, fits the network once and hands the algorithm one advantage
+    /// per (sample, trained step) in [`TrainContext::value_advantages`]; the network, its
+    /// optimizer and its buffer are checkpointed ([`crate::value::VALUE_FILES`]). `None` (the
+    /// default): no baseline.
+    fn value_baseline(&self) -> Option<ValueBaselineSettings> {
+        None
+    }
+
     /// Called once per rollout, after scoring and before any optimizer step: freezes what the
     /// updates compare against, and returns metrics about it.
     ///
@@ -126,6 +136,9 @@ pub struct FlowGrpo {
     /// DanceGRPO's per-sample random subset of the rollout's trained steps; `None`: every
     /// sample trains every trained step.
     pub timestep_subset: Option<TimestepSubset>,
+    /// DPOK's learned value baseline ([`Algorithm::value_baseline`]); `None`: the rollout's
+    /// advantages.
+    pub value_baseline: Option<ValueBaselineSettings>,
 }
 
 /// DanceGRPO's timestep subset: each sample of a rollout trains its own random
@@ -192,6 +205,7 @@ impl FlowGrpo {
             kl_coef: 0.0,
             kl_warmup_rollouts: 0,
             timestep_subset: None,
+            value_baseline: None,
         }
     }
 
@@ -217,6 +231,14 @@ impl FlowGrpo {
     pub fn with_kl_warmup(self, rollouts: u64) -> Self {
         Self {
             kl_warmup_rollouts: rollouts,
+            ..self
+        }
+    }
+
+    /// The same objective with DPOK's learned value baseline (`None`: without).
+    pub fn with_value_baseline(self, value_baseline: Option<ValueBaselineSettings>) -> Self {
+        Self {
+            value_baseline,
             ..self
         }
     }
@@ -517,6 +539,10 @@ impl<B: AutodiffBackend, W: World<B>> Algorithm<B, W> for FlowGrpo {
         (self.kl_coef != 0.0).then(|| format!("algorithm.kl_coef = {}", self.kl_coef))
     }
 
+    fn value_baseline(&self) -> Option<ValueBaselineSettings> {
+        self.value_baseline
+    }
+
     /// With [`AnchorSource::Replay`] the anchor is replayed through the same (autodiff) model
     /// and code path the updates use, so the first update's ratio is exactly 1; the sampler's
     /// own log-probs (a forward without autodiff) are compared with it as
@@ -561,13 +587,47 @@ impl<B: AutodiffBackend, W: World<B>> Algorithm<B, W> for FlowGrpo {
             kl_coef != 0.0,
         )?;
         let idx: Vec<usize> = samples.clone().collect();
-        let anchor = anchor.log_probs::<B>(samples, ctx.device)?;
-        let advantages = ctx.advantages.tensor::<B>(&idx, ctx.device);
-        let out = match self.objective {
-            RatioObjective::PpoClip => grpo_clip_loss(lp, anchor, advantages, self.clip)?,
-            RatioObjective::DpokClamped { reward_weight } => {
-                dpok_loss(lp, anchor, advantages, self.clip, reward_weight)?
+        let per_step = match ctx.value_advantages {
+            Some(all) if self.value_baseline.is_some() => {
+                let steps = ctx.batch.trained.len();
+                let rows = all
+                    .get(samples.start * steps..samples.end * steps)
+                    .ok_or_else(|| TrainerError::InvalidValueBaseline {
+                        problem: format!(
+                            "{} value advantages for samples {samples:?} of {steps} trained steps",
+                            all.len()
+                        ),
+                    })?;
+                Some(Tensor::<B, 2>::from_data(
+                    TensorData::new(rows.to_vec(), [idx.len(), steps]),
+                    ctx.device,
+                ))
             }
+            _ if self.value_baseline.is_some() => {
+                return Err(TrainerError::InvalidValueBaseline {
+                    problem: "the run handed DPOK no value advantages".into(),
+                });
+            }
+            _ => None,
+        };
+        let anchor = anchor.log_probs::<B>(samples, ctx.device)?;
+        let out = match (self.objective, per_step) {
+            (RatioObjective::DpokClamped { reward_weight }, Some(adv)) => {
+                dpok_loss_per_step(lp, anchor, adv, self.clip, reward_weight)?
+            }
+            (RatioObjective::PpoClip, _) => grpo_clip_loss(
+                lp,
+                anchor,
+                ctx.advantages.tensor::<B>(&idx, ctx.device),
+                self.clip,
+            )?,
+            (RatioObjective::DpokClamped { reward_weight }, None) => dpok_loss(
+                lp,
+                anchor,
+                ctx.advantages.tensor::<B>(&idx, ctx.device),
+                self.clip,
+                reward_weight,
+            )?,
         };
         let mut diagnostics = PolicyDiagnostics::clip_only(out.diagnostics);
         let (loss, kl_ref) = add_kl_term(out.loss, kl, kl_coef);

@@ -891,6 +891,21 @@ impl CheckpointStore {
         decode_weights::<B, M>(model, bytes, &ckpt.dir.join(name))
     }
 
+    /// The bytes of the file `name` a committed checkpoint holds (e.g. one written beside the
+    /// store's own through `readable`), every file's hash verified; `None` when it holds no
+    /// such file.
+    ///
+    /// # Errors
+    /// As [`CheckpointStore::load_weights`] for an uncommitted or damaged checkpoint.
+    pub fn read_file(
+        &self,
+        ckpt: &CommittedCheckpoint,
+        name: &str,
+    ) -> Result<Option<Vec<u8>>, TrainerError> {
+        let (_, mut contents) = self.read_verified(ckpt)?;
+        Ok(contents.remove(name))
+    }
+
     /// [`CheckpointStore::load`] of the latest committed checkpoint, or
     /// [`Resume::Fresh`] when there is none.
     ///

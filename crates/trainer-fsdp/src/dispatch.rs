@@ -181,11 +181,13 @@ impl FromPlan for FlowGrpo {
                 kl_coef,
                 kl_warmup_rollouts,
                 anchor,
+                value_baseline,
             } => Some(
                 FlowGrpo::dpok(clip_range, reward_weight)
                     .with_anchor(anchor)
                     .with_kl(kl_coef)
-                    .with_kl_warmup(kl_warmup_rollouts),
+                    .with_kl_warmup(kl_warmup_rollouts)
+                    .with_value_baseline(value_baseline),
             ),
             _ => None,
         }

@@ -105,7 +105,10 @@ pub use monitor::{
 };
 pub use nft::Nft;
 pub use rng::TrainerRng;
-pub use run::{EvalReport, EvalSummary, RolloutBatch, Run, RunSummary, TrainContext, TrainReport};
+pub use run::{
+    EvalReport, EvalSummary, RolloutBatch, Run, RunSummary, TrainContext, TrainReport,
+    combined_rewards,
+};
 pub use signal::StopFlag;
 pub use train::{
     AdamWOptimizer, MicroBatchLoss, PolicyOptimizer, SkipReason, StepReport, UpdateReport,

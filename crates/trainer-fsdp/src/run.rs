@@ -70,6 +70,7 @@ use crate::train::{
     AdamWOptimizer, PolicyOptimizer, UpdateReport, advantage_metrics, failure_messages,
     train_step_threads,
 };
+use crate::value::{VALUE_FILES, ValueBaseline, prompt_features, value_rows};
 use crate::workers::Workers;
 use crate::world::{Inner, World};
 use velocity_model::{Conditioning, Guided, TrueCfg, VelocityModel};
@@ -227,6 +228,10 @@ pub struct TrainContext<'a, B: AutodiffBackend, W: World<B>> {
     /// The sampling copy of the policy that sampled the rollout, when the algorithm keeps one
     /// ([`Algorithm::sampling_copy`]).
     pub sampling_copy: Option<&'a W::Policy>,
+    /// With a learned value baseline ([`Algorithm::value_baseline`]): one advantage per
+    /// (sample, trained step) of the rollout, `[samples, trained steps]` row-major, `r - V`
+    /// for a sample whose reward is finite and 0 for one whose group failed.
+    pub value_advantages: Option<&'a [f32]>,
 }
 
 type Optim<B, M> = PolicyOptimizer<B, M, AdamWOptimizer<B, M>>;
@@ -250,6 +255,8 @@ where
     ema: Option<Ema<W::Policy>>,
     /// The sampling copy of the policy ([`Algorithm::sampling_copy`]).
     sampler: Option<W::Policy>,
+    /// The learned value baseline ([`Algorithm::value_baseline`]).
+    value: Option<ValueBaseline<B>>,
     optimizer: Optim<B, W::Policy>,
     contract: Option<AdapterContract>,
     spec: SamplerSpec,
@@ -470,6 +477,29 @@ where
         let mut checkpoint_failures = 0;
         let mut ema = pre.ema.map(|settings| Ema::new(model.clone(), settings));
         let mut sampler = algorithm.sampling_copy().map(|_| model.clone());
+        let mut value = match algorithm.value_baseline() {
+            None => None,
+            Some(settings) => {
+                if workers.world_size() > 1 {
+                    return Err(TrainerError::InvalidValueBaseline {
+                        problem: format!(
+                            "algorithm.value_baseline is fitted on one rank only for now; this \
+                             run has {} ranks",
+                            workers.world_size()
+                        ),
+                    });
+                }
+                let features = value_features::<B, W>(&world, &device)?;
+                let steps = pre.schedule.sigmas.as_slice().len().saturating_sub(1);
+                Some(ValueBaseline::new(
+                    settings,
+                    features,
+                    steps,
+                    cfg.run.seed,
+                    &device,
+                )?)
+            }
+        };
         let mut resumed_from = None;
         match start {
             StartFrom::Scratch => {
@@ -510,19 +540,32 @@ where
                             )?),
                             None => None,
                         };
+                        let restored_value = match value.take() {
+                            Some(v) => {
+                                let mut files = BTreeMap::new();
+                                for name in VALUE_FILES {
+                                    if let Some(bytes) = store.read_file(&checkpoint, name)? {
+                                        files.insert(name, bytes);
+                                    }
+                                }
+                                Some(v.restored(|name| files.get(name).cloned(), &device)?)
+                            }
+                            None => None,
+                        };
                         // the readable copy holds what the run hands out: the EMA if any
                         let handed_out = restored_ema.as_ref().map_or(&r.model, |e| &e.model);
                         check_readable_copy(&world, handed_out, &checkpoint.dir)?;
-                        Ok((r, restored_ema, restored_sampler))
+                        Ok((r, restored_ema, restored_sampler, restored_value))
                     })
                     .map_err(|cause| TrainerError::ResumeFailed {
                         dir: checkpoint.dir.clone(),
                         older,
                         cause: Box::new(cause),
                     })?;
-                let (r, restored_ema, restored_sampler) = r;
+                let (r, restored_ema, restored_sampler, restored_value) = r;
                 ema = restored_ema;
                 sampler = restored_sampler;
+                value = restored_value;
                 if io {
                     Monitor::check_resume(
                         run_dir,
@@ -590,6 +633,7 @@ where
             model: Some(model),
             ema,
             sampler,
+            value,
             optimizer,
             contract,
             spec,
@@ -1031,15 +1075,20 @@ where
             .collect())
     }
 
-    /// Phase 4: the algorithm freezes what the updates compare against (before any optimizer
-    /// step), then the planned updates run.
+    /// Phase 4: with a learned value baseline, its fit on the rollout and the rollout's
+    /// per-step advantages; then the algorithm freezes what the updates compare against
+    /// (before any optimizer step), and the planned updates run.
+    ///
+    /// `rewards` are the rollout samples' combined raw rewards (group-major, NaN where a group
+    /// failed; [`combined_rewards`] of the scored groups): what a value baseline is fitted to.
     ///
     /// # Errors
-    /// Replay, loss and optimizer errors.
+    /// Replay, loss, value-fit and optimizer errors.
     pub fn train(
         &mut self,
         batch: &RolloutBatch<W::Sample>,
         adv: &Advantages,
+        rewards: &[f64],
     ) -> Result<TrainReport<A::Diagnostics>, TrainerError> {
         let Self {
             world,
@@ -1051,6 +1100,7 @@ where
             model,
             ema,
             sampler,
+            value,
             device,
             stop,
             ..
@@ -1058,6 +1108,17 @@ where
         if stop.is_set() {
             return Err(TrainerError::Stopped);
         }
+        let (value_adv, value_metrics) = match value.as_mut() {
+            None => (None, Metrics::new()),
+            Some(v) => value_step(v, batch, rewards)?,
+        };
+        // with a value baseline a rollout trains unless no sample has a reward (its
+        // advantages r - V are not group-relative, so a group whose samples score alike still
+        // teaches); without one, unless the advantages are degenerate
+        let skip = match value {
+            Some(_) => value_adv.is_none(),
+            None => adv.degenerate,
+        };
         // the algorithm compares against the EMA as it stood before this rollout's updates
         let ema_at_start = ema.as_ref().map(|e| e.model.clone());
         let ctx = TrainContext {
@@ -1070,6 +1131,7 @@ where
             threads: workers.host_threads(),
             ema: ema_at_start.as_ref(),
             sampling_copy: sampler.as_ref(),
+            value_advantages: value_adv.as_deref(),
         };
         // every rank must step as often: the same updates and micro-batches (the plans are
         // equal by construction; a mismatch would leave a rank waiting in an all-reduce the
@@ -1105,7 +1167,7 @@ where
         // recorded: its forwards would never be differentiated, and the autodiff graph they
         // leave behind is only released by a backward pass (a run whose groups all collapsed
         // to one reward grew by about 600 MB per rollout until it was killed).
-        let (frozen, frozen_metrics) = if adv.degenerate {
+        let (frozen, frozen_metrics) = if skip {
             (None, Metrics::new())
         } else {
             let (f, m) = algorithm.freeze(&ctx, model.as_ref().expect("model present"))?;
@@ -1120,7 +1182,7 @@ where
                 optimizer,
                 &*workers,
                 update,
-                adv.degenerate,
+                skip,
                 |m: &W::Policy, samples| {
                     // a stop request ends the update at the next micro-batch
                     if stop.is_set() {
@@ -1143,6 +1205,7 @@ where
             reports.push(report);
         }
         let mut frozen_metrics = frozen_metrics;
+        frozen_metrics.extend(value_metrics);
         if let (Some(copy), Some(soft)) = (sampler.as_mut(), algorithm.sampling_copy()) {
             let eta = soft.decay(batch.rollout_id);
             *copy = blend::<B, _>(copy.clone(), model.as_ref().expect("model present"), eta);
@@ -1234,7 +1297,10 @@ where
         self.optimizer.record_into(&mut state);
         state.metrics_cursor = self.monitor.cursor();
         state.checkpoint_failures = self.checkpoint_failures;
-        let readable = self.world.checkpoint_files(self.handed_out())?;
+        let mut readable = self.world.checkpoint_files(self.handed_out())?;
+        if let Some(v) = &self.value {
+            readable.extend(v.files()?);
+        }
         let mut copies: Vec<(&'static str, &W::Policy)> = Vec::new();
         if let Some(e) = self.ema_model() {
             copies.push((EMA_FILE, e));
@@ -1346,6 +1412,7 @@ where
             let model_before = self.model().clone();
             let ema_before = self.ema.clone();
             let sampler_before = self.sampler.clone();
+            let value_before = self.value.clone();
             let optimizer_before = self.optimizer.clone();
             let attempt = (|| {
                 let prompts = self
@@ -1366,11 +1433,12 @@ where
                 // every rank computes the whole batch's advantages (group statistics, the
                 // batch std, the degenerate flag: those of one rank sampling every group) and
                 // trains on its share of them
+                let rewards = combined_rewards(&groups, &self.cfg.reward.component_weights);
                 let groups = self.gather_groups(groups, &prompts)?;
                 let global = crate::train::advantages(&self.pre.advantages, &groups, None)?;
                 let adv = share_of_advantages(&global, &shard, self.cfg.rollout.group_size);
                 let t2 = Instant::now();
-                let report = self.train(&batch, &adv)?;
+                let report = self.train(&batch, &adv, &rewards)?;
                 let t_train = t2.elapsed().as_secs_f64();
                 Ok((batch, global, report, [t_rollout, t_score, t_train]))
             })();
@@ -1382,6 +1450,7 @@ where
                     self.model = Some(model_before);
                     self.ema = ema_before;
                     self.sampler = sampler_before;
+                    self.value = value_before;
                     self.optimizer = optimizer_before;
                     summary.stopped = true;
                     match id.checked_sub(1) {
@@ -1603,6 +1672,100 @@ impl<B: AutodiffBackend> burn::module::ModuleVisitor<B> for TrainableHash<B> {
             self.hasher.update(&(*d as u64).to_le_bytes());
         }
     }
+}
+
+/// The combined raw reward of every sample of `groups` (group-major): the weighted sum of its
+/// components under `weights`, NaN when a weighted component is missing or not finite (its
+/// group fails in the advantages phase).
+pub fn combined_rewards(groups: &[RewardGroup], weights: &BTreeMap<String, f64>) -> Vec<f64> {
+    groups
+        .iter()
+        .flat_map(|g| &g.samples)
+        .map(|c| {
+            weights.iter().fold(0.0, |acc, (name, w)| {
+                acc + w * c.get(name).copied().unwrap_or(f64::NAN)
+            })
+        })
+        .map(|r| if r.is_finite() { r } else { f64::NAN })
+        .collect()
+}
+
+/// The width of a value baseline's rows in `world`: the latent's elements and the prompt
+/// features of one encoded held-out prompt.
+fn value_features<B: AutodiffBackend, W: World<B>>(
+    world: &W,
+    device: &B::Device,
+) -> Result<usize, TrainerError> {
+    let latent: usize = world.latent_shape().iter().product();
+    let prompt = world
+        .held_out()
+        .first()
+        .ok_or_else(|| TrainerError::InvalidValueBaseline {
+            problem: format!(
+                "the world {} has no held-out prompt to measure its prompt features on",
+                world.name()
+            ),
+        })?;
+    let cond = world.encode(&[prompt.prompt.as_str()], device)?;
+    let stored = world.store_conditioning(&cond, &[0])?;
+    let text = stored.first().map_or(0, |c| prompt_features(c).len());
+    Ok(latent + text)
+}
+
+/// One rollout of a value baseline: its rows pushed, one fit, every (sample, trained step)'s
+/// advantage `r - V` (0 where the reward is not finite; `None` when none is), and the
+/// baseline's metrics.
+fn value_step<B: AutodiffBackend, S>(
+    value: &mut ValueBaseline<B>,
+    batch: &RolloutBatch<S>,
+    rewards: &[f64],
+) -> Result<(Option<Vec<f32>>, Metrics), TrainerError> {
+    if rewards.len() != batch.samples.len() {
+        return Err(TrainerError::InvalidValueBaseline {
+            problem: format!(
+                "{} rewards for a rollout of {} samples",
+                rewards.len(),
+                batch.samples.len()
+            ),
+        });
+    }
+    let steps = batch.trained.len();
+    let (rows, row_steps) = value_rows(&batch.trajectories, &batch.trained, batch.group_size())?;
+    let row_rewards: Vec<f64> = rewards
+        .iter()
+        .flat_map(|&r| std::iter::repeat_n(r, steps))
+        .collect();
+    let Some(step) = value.observe(&rows, &row_steps, &row_rewards, batch.rollout_id)? else {
+        return Ok((None, Metrics::new()));
+    };
+    let advantages: Vec<f32> = row_rewards
+        .iter()
+        .zip(&step.values)
+        .map(|(&r, &v)| if r.is_finite() { r as f32 - v } else { 0.0 })
+        .collect();
+    let (mut n, mut sum_v, mut sum_a, mut sum_a2) = (0.0, 0.0, 0.0, 0.0);
+    for ((&r, &v), &a) in row_rewards.iter().zip(&step.values).zip(&advantages) {
+        if r.is_finite() {
+            n += 1.0;
+            sum_v += f64::from(v);
+            sum_a += f64::from(a);
+            sum_a2 += f64::from(a) * f64::from(a);
+        }
+    }
+    let mean_a = sum_a / n;
+    let mut m = Metrics::new();
+    m.insert(names::TRAIN_VALUE_LOSS.into(), step.loss);
+    m.insert(names::TRAIN_VALUE_MEAN.into(), sum_v / n);
+    m.insert(names::TRAIN_VALUE_ADVANTAGE_MEAN.into(), mean_a);
+    m.insert(
+        names::TRAIN_VALUE_ADVANTAGE_STD.into(),
+        (sum_a2 / n - mean_a * mean_a).max(0.0).sqrt(),
+    );
+    m.insert(
+        names::TRAIN_VALUE_BUFFER_ROWS.into(),
+        step.buffer_rows as f64,
+    );
+    Ok((Some(advantages), m))
 }
 
 /// The advantages of this rank's share of a rollout (`shard`: its groups, of `group_size`

@@ -504,6 +504,77 @@ fn dpok_trains_with_its_clamped_ratio() {
     );
 }
 
+/// DPOK with the release's learned value baseline (`algorithm.value_baseline`): each trained
+/// step's advantage is `r - V(x_t, c, t)`; the held-out reward rises, the buffer fills by one row per (sample, trained
+/// step), the fit's loss falls, the checkpoints hold the baseline's files, and a stop inside a
+/// rollout's training (after its fit) followed by a resume ends bit for bit where an
+/// uninterrupted run does: the baseline is rolled back with the policy and restored exactly.
+fn dpok_fits_a_value_baseline_and_resumes_exactly() {
+    const VALUE: &str = "algorithm={ kind = \"dpok\", value_baseline = { hidden = 16, batch_size = 32, lr = 0.01 } }";
+    let dir = tempfile::tempdir().unwrap();
+    let mut run = start(dir.path(), ROLLOUTS, &[VALUE]);
+    assert!(run.algorithm().value_baseline.is_some());
+    let summary = run.run(&StopFlag::new()).unwrap();
+    let (a, b) = (summary.initial_eval.unwrap(), summary.final_eval.unwrap());
+    assert_rose("DPOK with a value baseline: ", &a, &b, 0.2, 5.0);
+    let losses = logged(dir.path(), names::TRAIN_VALUE_LOSS);
+    assert_eq!(losses.len() as u64, ROLLOUTS, "{losses:?}");
+    assert!(losses.iter().all(|l| l.is_finite()), "{losses:?}");
+    // 4 groups of 4 samples, 2 trained steps: 32 rows per rollout
+    let rows = logged(dir.path(), names::TRAIN_VALUE_BUFFER_ROWS);
+    let want: Vec<f64> = (1..=ROLLOUTS).map(|k| (32 * k) as f64).collect();
+    assert_eq!(rows, want);
+    let advantage = logged(dir.path(), names::TRAIN_VALUE_ADVANTAGE_MEAN);
+    let last = losses.len() - 1;
+    assert!(
+        losses[last] < 0.5 * losses[0],
+        "the value fit's loss did not fall: {losses:?}"
+    );
+    assert!(
+        advantage[last].abs() < advantage[0].abs(),
+        "the baseline did not move toward the rewards: {advantage:?}"
+    );
+    let files: Vec<String> = walk(&dir.path().join("ckpt"))
+        .iter()
+        .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .collect();
+    for f in trainer_fsdp::value::VALUE_FILES {
+        assert!(files.iter().any(|n| n == f), "{f}: {files:?}");
+    }
+    let live = delta(&run);
+    let per_rollout = run.world().restores() / ROLLOUTS as usize;
+    drop(run);
+
+    // a stop at the first micro-batch of rollout 4's first update (the anchor restores half
+    // of a rollout's conditionings, the updates the other half), then a resume to the end
+    let parts = tempfile::tempdir().unwrap();
+    let stop = StopFlag::new();
+    let at = 4 * per_rollout + per_rollout / 2 + 1;
+    let mut stopped =
+        try_start_stopping_in_training(parts.path(), ROLLOUTS, &[VALUE], (stop.clone(), at))
+            .unwrap();
+    let s = stopped.run(&stop).unwrap();
+    assert!(s.stopped);
+    assert_eq!(s.last_rollout, Some(3));
+    drop(stopped);
+    let mut resumed = start(parts.path(), ROLLOUTS, &[VALUE, "checkpoint.resume=true"]);
+    assert_eq!(resumed.next_rollout(), 4);
+    resumed.run(&StopFlag::new()).unwrap();
+    let bits = |d: Vec<f32>| d.into_iter().map(f32::to_bits).collect::<Vec<_>>();
+    assert_eq!(bits(delta(&resumed)), bits(live));
+    println!(
+        "test dpok_fits_a_value_baseline_and_resumes_exactly ... ok (held-out closeness {:.3} ± {:.3} -> {:.3} ± {:.3}; value loss {:.3} -> {:.3}, mean r - V {:.3} -> {:.3}; resumed bit for bit)",
+        a.reward,
+        a.stderr,
+        b.reward,
+        b.stderr,
+        losses[0],
+        losses[last],
+        advantage[0],
+        advantage[last]
+    );
+}
+
 /// GRPO-Guard through FlowGRPO's replay: the regulated ratio against the replayed anchor
 /// (its log-probs and transition means); the held-out reward rises, and the anchor agrees
 /// with the sampler's log-probs.
@@ -1274,7 +1345,7 @@ fn a_failing_machine_ends_the_other() {
 
 /// Every test, in order; `GAUSSIAN_ONLY=<part of a name>` runs the matching ones alone.
 fn parent() {
-    let tests: [(&str, fn()); 26] = [
+    let tests: [(&str, fn()); 27] = [
         ("the_reward_rises", the_reward_rises),
         (
             "degenerate_rollouts_replay_nothing",
@@ -1312,6 +1383,10 @@ fn parent() {
         (
             "the_ema_is_evaluated_checkpointed_and_resumed_exactly",
             the_ema_is_evaluated_checkpointed_and_resumed_exactly,
+        ),
+        (
+            "dpok_fits_a_value_baseline_and_resumes_exactly",
+            dpok_fits_a_value_baseline_and_resumes_exactly,
         ),
         (
             "nft_trains_on_deterministic_rollouts",

@@ -85,7 +85,8 @@ fn one_full_iteration_end_to_end() {
     let adv =
         trainer_fsdp::advantages(&cfg.preflight().unwrap().advantages, &groups, None).unwrap();
     let before = run.model().clone().valid();
-    let report = run.train(&batch, &adv).unwrap();
+    let rewards = trainer_fsdp::combined_rewards(&groups, &cfg.reward.component_weights);
+    let report = run.train(&batch, &adv, &rewards).unwrap();
     // the sampler ran the plain backend, the anchor the autodiff one: they agree to float
     // rounding (burn's autodiff backend decomposes attention where Flex fuses it)
     let parity = report.frozen[names::TRAIN_LOGP_PARITY_MAX_ABS];

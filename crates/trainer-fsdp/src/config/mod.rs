@@ -28,7 +28,9 @@
 //!              huber_power, kl_coef, ema_kl_coef; DiffusionNFT (all optional): beta,
 //!              advantage_std_mode, advantage_limit, soft_update ("ramp" |
 //!              "flat_then_ramp"), kl_coef; online DPO (optional): beta; DPOK (all
-//!              optional): eps_clip, reward_weight, kl_coef, advantage_std_mode, anchor;
+//!              optional): eps_clip, reward_weight, kl_coef, kl_warmup_rollouts,
+//!              advantage_std_mode, anchor, value_baseline = { hidden, layers, lr,
+//!              batch_size, minibatches, buffer_size };
 //!              GRPO-Guard (all optional): eps_clip, eps_clip_high, advantage_std_mode,
 //!              kl_coef;
 //!              FDFO (optional): eps, advantage_std_mode
@@ -105,6 +107,7 @@ use crate::algorithm::TimestepSubset;
 use crate::ema::{EmaSettings, EmaWarmup};
 use crate::error::{TrainerError, io_err};
 use crate::lr::LrSchedule;
+use crate::value::ValueBaselineSettings;
 
 mod overrides;
 mod preflight;
@@ -850,10 +853,10 @@ impl Default for DpoSection {
     }
 }
 
-/// DPOK's keys of `[algorithm]`; every key has a default (the release's), so
-/// `algorithm = { kind = "dpok" }` is a complete section. The release's learned value baseline
-/// (`r - V(x_t, c, t)`, its default) is not offered: the advantages are group-relative, the
-/// group's mean reward the baseline.
+/// DPOK's keys of `[algorithm]`; every key has a default (the release's, except the value
+/// baseline), so `algorithm = { kind = "dpok" }` is a complete section. Without
+/// `value_baseline` the advantages are group-relative, the group's mean reward the baseline;
+/// with it each trained step's advantage is the release's `r - V(x_t, c, t)`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DpokSection {
@@ -881,6 +884,79 @@ pub struct DpokSection {
     /// Where pi_old comes from (default `"replay"`).
     #[serde(default)]
     pub anchor: AnchorSource,
+    /// The release's learned value baseline (its `--v_flag 1`): each trained step's advantage
+    /// is `r - V(x_t, c, t)`, the raw combined reward less a small network's prediction from
+    /// the state, the prompt and the step, fitted to the rewards of recent rollouts (default
+    /// absent: group-relative advantages).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value_baseline: Option<ValueBaselineSection>,
+}
+
+/// DPOK's `algorithm.value_baseline`: the value network and its fit. Every key has the
+/// release's default, so `value_baseline = {}` is a complete section.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ValueBaselineSection {
+    /// The hidden width (default 256).
+    #[serde(default = "ValueBaselineSection::default_hidden")]
+    pub hidden: usize,
+    /// Conditional layers before the head (default 3).
+    #[serde(default = "ValueBaselineSection::default_layers")]
+    pub layers: usize,
+    /// The fit's learning rate (AdamW at PyTorch's defaults; default 1e-4, the release's
+    /// `--v_lr`).
+    #[serde(default = "ValueBaselineSection::default_lr")]
+    pub lr: f64,
+    /// Rows per minibatch of the fit (default 256, `--v_batch_size`).
+    #[serde(default = "ValueBaselineSection::default_batch_size")]
+    pub batch_size: usize,
+    /// Minibatches per fit, their gradients summed into one optimizer step per rollout
+    /// (default 5, `--v_step`).
+    #[serde(default = "ValueBaselineSection::default_minibatches")]
+    pub minibatches: usize,
+    /// Rows (one per sample and trained step) the replay buffer keeps (default 1000,
+    /// `--buffer_size`).
+    #[serde(default = "ValueBaselineSection::default_buffer_size")]
+    pub buffer_size: usize,
+}
+
+impl ValueBaselineSection {
+    fn default_hidden() -> usize {
+        256
+    }
+
+    fn default_layers() -> usize {
+        3
+    }
+
+    fn default_lr() -> f64 {
+        1e-4
+    }
+
+    fn default_batch_size() -> usize {
+        256
+    }
+
+    fn default_minibatches() -> usize {
+        5
+    }
+
+    fn default_buffer_size() -> usize {
+        1000
+    }
+}
+
+impl Default for ValueBaselineSection {
+    fn default() -> Self {
+        Self {
+            hidden: Self::default_hidden(),
+            layers: Self::default_layers(),
+            lr: Self::default_lr(),
+            batch_size: Self::default_batch_size(),
+            minibatches: Self::default_minibatches(),
+            buffer_size: Self::default_buffer_size(),
+        }
+    }
 }
 
 impl DpokSection {
@@ -910,6 +986,7 @@ impl Default for DpokSection {
             kl_warmup_rollouts: 0,
             advantage_std_mode: Self::default_std_mode(),
             anchor: AnchorSource::default(),
+            value_baseline: None,
         }
     }
 }

@@ -864,12 +864,17 @@ fn check_algorithm(
                     allowed: "0 when algorithm.kl_coef = 0 (a warm-up of a KL term that is off does nothing)",
                 });
             }
+            let value_baseline = match &d.value_baseline {
+                None => Some(None),
+                Some(v) => check_value_baseline(v, d.advantage_std_mode, p).map(Some),
+            };
             Some(AlgorithmPlan::Dpok {
                 clip_range: clip_range?,
                 reward_weight: reward_weight?,
                 kl_coef: kl_coef?,
                 kl_warmup_rollouts: d.kl_warmup_rollouts,
                 anchor: d.anchor,
+                value_baseline: value_baseline?,
             })
         }
         AlgorithmSection::GrpoGuard(g) => {
@@ -1071,6 +1076,62 @@ fn check_kl_coef(
         });
         None
     }
+}
+
+/// DPOK's `algorithm.value_baseline`, validated: every size at least 1, a positive finite
+/// learning rate, and the group-relative std mode left at its default (the baseline replaces
+/// those advantages).
+fn check_value_baseline(
+    v: &ValueBaselineSection,
+    std_mode: AdvantageStdMode,
+    p: &mut Vec<PreflightProblem>,
+) -> Option<ValueBaselineSettings> {
+    let before = p.len();
+    for (key, given, release) in [
+        ("algorithm.value_baseline.hidden", v.hidden, 256),
+        ("algorithm.value_baseline.layers", v.layers, 3),
+        ("algorithm.value_baseline.batch_size", v.batch_size, 256),
+        ("algorithm.value_baseline.minibatches", v.minibatches, 5),
+        ("algorithm.value_baseline.buffer_size", v.buffer_size, 1000),
+    ] {
+        if given == 0 {
+            p.push(PreflightProblem::OutOfRange {
+                key,
+                given: given.to_string(),
+                allowed: match release {
+                    256 => "an integer >= 1 (the DPOK release uses 256)",
+                    3 => "an integer >= 1 (the DPOK release uses 3)",
+                    5 => "an integer >= 1 (the DPOK release uses 5)",
+                    _ => "an integer >= 1 (the DPOK release uses 1000)",
+                },
+            });
+        }
+    }
+    if !(v.lr.is_finite() && v.lr > 0.0) {
+        p.push(PreflightProblem::OutOfRange {
+            key: "algorithm.value_baseline.lr",
+            given: v.lr.to_string(),
+            allowed: "a finite value > 0 (the DPOK release uses 1e-4)",
+        });
+    }
+    if std_mode != AdvantageStdMode::Group {
+        p.push(PreflightProblem::OutOfRange {
+            key: "algorithm.advantage_std_mode",
+            given: format!("{std_mode:?}").to_lowercase(),
+            allowed: "left at its default with algorithm.value_baseline, whose advantages \
+                      r - V(x_t, c, t) are not group-relative",
+        });
+    }
+    (p.len() == before).then_some(ValueBaselineSettings {
+        hidden: v.hidden,
+        layers: v.layers,
+        fit: crate::value::ValueFit {
+            minibatches: v.minibatches,
+            batch_size: v.batch_size,
+            lr: v.lr,
+        },
+        buffer_size: v.buffer_size,
+    })
 }
 
 /// DiffusionNFT's `[algorithm]`, validated.
@@ -1335,6 +1396,8 @@ pub enum AlgorithmPlan {
         kl_warmup_rollouts: u64,
         /// Where pi_old comes from.
         anchor: AnchorSource,
+        /// The learned value baseline, if any.
+        value_baseline: Option<ValueBaselineSettings>,
     },
     /// GRPO-Guard.
     GrpoGuard {

@@ -622,9 +622,8 @@ fn an_awm_section_takes_its_defaults_and_names_every_bad_key() {
     );
 }
 
-/// `sampling.scheduler = "sd3_5_diffusers_default"` is SD3.5 on diffusers' own
-/// `set_timesteps(N)` path (the shift applied twice at the low end); `schedule_compat` picks
-/// the arithmetic, current diffusers under numpy 2 by default.
+/// DPOK's section: the release's defaults, its value baseline's defaults and refusals, every
+/// bad key named at once.
 #[test]
 fn a_dpok_section_takes_the_release_defaults_and_names_every_bad_key() {
     let dpok = |extra: &[&str]| {
@@ -640,10 +639,12 @@ fn a_dpok_section_takes_the_release_defaults_and_names_every_bad_key() {
         kl_coef,
         kl_warmup_rollouts,
         anchor,
+        value_baseline,
     } = c.preflight().unwrap().algorithm
     else {
         panic!("a DPOK plan")
     };
+    assert_eq!(value_baseline, None);
     assert_eq!(
         (clip_range.lower_bound(), clip_range.upper_bound()),
         (1.0 - 1e-4, 1.0 + 1e-4)
@@ -677,6 +678,38 @@ fn a_dpok_section_takes_the_release_defaults_and_names_every_bad_key() {
         assert!(p.iter().any(|m| m.contains(key)), "{key}: {p:?}");
     }
     assert_eq!(p.len(), 3, "{p:?}");
+    // the value baseline: `{}` is the release's network and fit
+    let c = dpok(&["algorithm.value_baseline={}"]);
+    let AlgorithmPlan::Dpok { value_baseline, .. } = c.preflight().unwrap().algorithm else {
+        panic!("a DPOK plan")
+    };
+    let v = value_baseline.expect("a value baseline");
+    assert_eq!((v.hidden, v.layers, v.buffer_size), (256, 3, 1000));
+    assert_eq!(
+        (v.fit.minibatches, v.fit.batch_size, v.fit.lr),
+        (5, 256, 1e-4)
+    );
+    let bad = dpok(&[
+        "algorithm.value_baseline={ hidden = 0, minibatches = 0, lr = -1.0 }",
+        "algorithm.advantage_std_mode=\"batch\"",
+    ]);
+    let p = problems(&bad);
+    for key in [
+        "algorithm.value_baseline.hidden",
+        "algorithm.value_baseline.minibatches",
+        "algorithm.value_baseline.lr",
+        "algorithm.advantage_std_mode",
+    ] {
+        assert!(p.iter().any(|m| m.contains(key)), "{key}: {p:?}");
+    }
+    assert_eq!(p.len(), 4, "{p:?}");
+    let unknown =
+        Override::parse_all(&["algorithm={ kind = \"dpok\", value_baseline = { width = 8 } }"])
+            .unwrap();
+    let err = TrainConfig::from_recipe(RecipeName::ShapesWorldLora, &unknown)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("width"), "{err}");
     let negative = dpok(&["algorithm.kl_coef=-0.1"]);
     assert!(
         problems(&negative)
@@ -687,6 +720,9 @@ fn a_dpok_section_takes_the_release_defaults_and_names_every_bad_key() {
     );
 }
 
+/// `sampling.scheduler = "sd3_5_diffusers_default"` is SD3.5 on diffusers' own
+/// `set_timesteps(N)` path (the shift applied twice at the low end); `schedule_compat` picks
+/// the arithmetic, current diffusers under numpy 2 by default.
 #[test]
 fn the_schedule_sources_and_arithmetic_are_named_options() {
     let schedule = |extra: &[&str]| {

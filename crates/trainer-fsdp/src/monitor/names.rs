@@ -87,6 +87,19 @@ pub const TRAIN_SPO_RATIO_MAX_DEVIATION: &str = "train/spo_ratio_max_deviation";
 /// The soft update's `η` applied to the sampling copy after the rollout.
 pub const TRAIN_SAMPLER_DECAY: &str = "train/sampler_decay";
 
+/// DPOK's learned value baseline: the fit's loss (the mean of its minibatches' MSEs, before
+/// its optimizer step).
+pub const TRAIN_VALUE_LOSS: &str = "train/value_loss";
+/// DPOK's learned value baseline: the mean predicted value `V` over the rollout's trained
+/// transitions.
+pub const TRAIN_VALUE_MEAN: &str = "train/value_mean";
+/// DPOK's learned value baseline: the mean advantage `r - V` over the trained transitions.
+pub const TRAIN_VALUE_ADVANTAGE_MEAN: &str = "train/value_advantage_mean";
+/// DPOK's learned value baseline: the population std of `r - V` over the trained transitions.
+pub const TRAIN_VALUE_ADVANTAGE_STD: &str = "train/value_advantage_std";
+/// DPOK's learned value baseline: rows its replay buffer holds after the rollout.
+pub const TRAIN_VALUE_BUFFER_ROWS: &str = "train/value_buffer_rows";
+
 /// Metric names logged only when a configured term, option or algorithm produces them.
 pub const OPTIONAL: &[&str] = &[
     TRAIN_KL_REF,
@@ -101,6 +114,11 @@ pub const OPTIONAL: &[&str] = &[
     TRAIN_DPO_PAIRS,
     TRAIN_SPO_RATIO_MEAN,
     TRAIN_SPO_RATIO_MAX_DEVIATION,
+    TRAIN_VALUE_LOSS,
+    TRAIN_VALUE_MEAN,
+    TRAIN_VALUE_ADVANTAGE_MEAN,
+    TRAIN_VALUE_ADVANTAGE_STD,
+    TRAIN_VALUE_BUFFER_ROWS,
 ];
 
 /// CPU seconds (user + system, every thread) this process has spent since [`crate::Run::run`]
