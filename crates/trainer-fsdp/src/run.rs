@@ -480,15 +480,6 @@ where
         let mut value = match algorithm.value_baseline() {
             None => None,
             Some(settings) => {
-                if workers.world_size() > 1 {
-                    return Err(TrainerError::InvalidValueBaseline {
-                        problem: format!(
-                            "algorithm.value_baseline is fitted on one rank only for now; this \
-                             run has {} ranks",
-                            workers.world_size()
-                        ),
-                    });
-                }
                 let features = value_features::<B, W>(&world, &device)?;
                 let steps = pre.schedule.sigmas.as_slice().len().saturating_sub(1);
                 Some(ValueBaseline::new(
@@ -1091,6 +1082,7 @@ where
         rewards: &[f64],
     ) -> Result<TrainReport<A::Diagnostics>, TrainerError> {
         let Self {
+            cfg,
             world,
             spec,
             pre,
@@ -1110,7 +1102,16 @@ where
         }
         let (value_adv, value_metrics) = match value.as_mut() {
             None => (None, Metrics::new()),
-            Some(v) => value_step(v, batch, rewards)?,
+            Some(v) => value_step(
+                v,
+                batch,
+                rewards,
+                &*workers,
+                (
+                    cfg.rollout.prompts_per_rollout,
+                    pre.batch.num_updates_per_batch,
+                ),
+            )?,
         };
         // with a value baseline a rollout trains unless no sample has a reward (its
         // advantages r - V are not group-relative, so a group whose samples score alike still
@@ -1713,12 +1714,19 @@ fn value_features<B: AutodiffBackend, W: World<B>>(
 }
 
 /// One rollout of a value baseline: its rows pushed, one fit, every (sample, trained step)'s
-/// advantage `r - V` (0 where the reward is not finite; `None` when none is), and the
-/// baseline's metrics.
-fn value_step<B: AutodiffBackend, S>(
+/// advantage `r - V` (0 where the reward is not finite; `None` when no reward of the whole
+/// rollout is), and the baseline's metrics over this rank's rows.
+///
+/// With several ranks every rank gathers every rank's rows (`groups` = (the rollout's groups,
+/// its updates) say which rank holds which group) in the rollout's group order, so that each
+/// pushes, fits and predicts what one rank running the whole rollout would: the baselines stay
+/// equal without an all-reduce, and a checkpoint resumes on any number of ranks.
+fn value_step<B: AutodiffBackend, S, K: Workers>(
     value: &mut ValueBaseline<B>,
     batch: &RolloutBatch<S>,
     rewards: &[f64],
+    workers: &K,
+    groups: (usize, usize),
 ) -> Result<(Option<Vec<f32>>, Metrics), TrainerError> {
     if rewards.len() != batch.samples.len() {
         return Err(TrainerError::InvalidValueBaseline {
@@ -1735,7 +1743,30 @@ fn value_step<B: AutodiffBackend, S>(
         .iter()
         .flat_map(|&r| std::iter::repeat_n(r, steps))
         .collect();
-    let Some(step) = value.observe(&rows, &row_steps, &row_rewards, batch.rollout_id)? else {
+    let features = value.shape().features;
+    let step = if workers.world_size() == 1 {
+        value.observe(&rows, &row_steps, &row_rewards, batch.rollout_id)?
+    } else {
+        let per_group = batch.group_size() * steps;
+        let all = gather_value_rows(
+            workers,
+            (&rows, &row_steps, &row_rewards),
+            features,
+            per_group,
+            groups,
+        )?;
+        let step = value.observe(&all.0, &all.1, &all.2, batch.rollout_id)?;
+        // this rank's rows of the whole rollout's values
+        let shard = workers.group_shard(groups.0, groups.1)?;
+        step.map(|mut s| {
+            s.values = shard
+                .iter()
+                .flat_map(|&g| s.values[g * per_group..(g + 1) * per_group].to_vec())
+                .collect();
+            s
+        })
+    };
+    let Some(step) = step else {
         return Ok((None, Metrics::new()));
     };
     let advantages: Vec<f32> = row_rewards
@@ -1766,6 +1797,72 @@ fn value_step<B: AutodiffBackend, S>(
         step.buffer_rows as f64,
     );
     Ok((Some(advantages), m))
+}
+
+/// A value baseline's rows: row-major features, each row's step, each row's reward.
+type ValueRows = (Vec<f32>, Vec<usize>, Vec<f64>);
+
+/// Every rank's value rows (`mine`: rows, steps, rewards, `per_group` rows per group of this
+/// rank's shard), gathered in the rollout's group order: the rows one rank sampling every
+/// group would have.
+fn gather_value_rows<K: Workers>(
+    workers: &K,
+    mine: (&[f32], &[usize], &[f64]),
+    features: usize,
+    per_group: usize,
+    (groups, updates): (usize, usize),
+) -> Result<ValueRows, TrainerError> {
+    let (rows, steps, rewards) = mine;
+    // per row: its step, whether its reward is finite, the reward, then its features
+    let width = features + 3;
+    let mut encoded = Vec::with_capacity(steps.len() * width);
+    for (i, (&k, &r)) in steps.iter().zip(rewards).enumerate() {
+        encoded.push(k as f64);
+        encoded.push(f64::from(u8::from(r.is_finite())));
+        encoded.push(if r.is_finite() { r } else { 0.0 });
+        encoded.extend(
+            rows[i * features..(i + 1) * features]
+                .iter()
+                .map(|&v| f64::from(v)),
+        );
+    }
+    let all = workers.all_gather(&encoded)?;
+    let n = groups * per_group;
+    let mut out_rows = vec![0.0f32; n * features];
+    let mut out_steps = vec![0usize; n];
+    let mut out_rewards = vec![f64::NAN; n];
+    for (rank, values) in all.iter().enumerate() {
+        let shard = crate::workers::shard_of(groups, updates, workers.world_size(), rank)?;
+        if values.len() != shard.len() * per_group * width {
+            return Err(TrainerError::Collective {
+                rank: workers.rank(),
+                world_size: workers.world_size(),
+                operation: "gather the value rows".into(),
+                cause: format!(
+                    "rank {rank} sent {} values for {} groups of {per_group} rows of {width}",
+                    values.len(),
+                    shard.len()
+                ),
+            });
+        }
+        for (local, &g) in shard.iter().enumerate() {
+            for j in 0..per_group {
+                let src = &values[(local * per_group + j) * width..][..width];
+                let at = g * per_group + j;
+                out_steps[at] = src[0] as usize;
+                if src[1] != 0.0 {
+                    out_rewards[at] = src[2];
+                }
+                for (o, &v) in out_rows[at * features..(at + 1) * features]
+                    .iter_mut()
+                    .zip(&src[3..])
+                {
+                    *o = v as f32;
+                }
+            }
+        }
+    }
+    Ok((out_rows, out_steps, out_rewards))
 }
 
 /// The advantages of this rank's share of a rollout (`shard`: its groups, of `group_size`

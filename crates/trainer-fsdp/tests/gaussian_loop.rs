@@ -1108,6 +1108,50 @@ fn two_ranks_train_as_one() {
     );
 }
 
+/// DPOK's value baseline on two ranks: each rank gathers every rank's rows and fits the same
+/// network one rank would, so the policy ends where one rank's does (to the all-reduce's
+/// rounding) and the fit's losses agree rollout by rollout.
+fn a_value_baseline_on_two_ranks_fits_as_one() {
+    const VALUE: &str = "algorithm={ kind = \"dpok\", value_baseline = { hidden = 16, batch_size = 32, lr = 0.01 } }";
+    let one = tempfile::tempdir().unwrap();
+    let mut run = start(one.path(), 4, &[VALUE]);
+    run.run(&StopFlag::new()).unwrap();
+    let d1 = delta(&run);
+    drop(run);
+    let two = tempfile::tempdir().unwrap();
+    let (_, d2) = run_ranks(two.path(), 4, &[VALUE], 2, None).unwrap();
+    let worst = d2.iter().map(|d| offset_diff(d, &d1)).fold(0.0, f64::max);
+    assert!(
+        worst <= 1e-5,
+        "two ranks ended at {d2:?}, one rank at {d1:?}"
+    );
+    assert!(
+        offset_diff(&d1, &[0.0; 8]) > 0.05,
+        "the run trained: {d1:?}"
+    );
+    let (la, lb) = (
+        logged(one.path(), names::TRAIN_VALUE_LOSS),
+        logged(two.path(), names::TRAIN_VALUE_LOSS),
+    );
+    assert_eq!(la.len(), 4);
+    assert_eq!(lb.len(), 4, "the IO rank logged each rollout once");
+    for (i, (a, b)) in la.iter().zip(&lb).enumerate() {
+        assert!(
+            (a - b).abs() <= 1e-4 * a.abs(),
+            "rollout {i}: value loss {a} vs {b}"
+        );
+    }
+    let rows = logged(two.path(), names::TRAIN_VALUE_BUFFER_ROWS);
+    assert_eq!(
+        rows,
+        [32.0, 64.0, 96.0, 128.0],
+        "every rank's rows are pushed"
+    );
+    println!(
+        "test gaussian_loop a value baseline on two ranks fits as one ... ok (offset within {worst:.1e} of one rank's; value losses {la:.4?} vs {lb:.4?})"
+    );
+}
+
 /// A checkpoint does not depend on the number of ranks: two ranks' checkpoint resumes on one,
 /// one rank's on two, and both end where an uninterrupted one-rank run ends.
 fn a_checkpoint_resumes_on_another_number_of_ranks() {
@@ -1345,13 +1389,17 @@ fn a_failing_machine_ends_the_other() {
 
 /// Every test, in order; `GAUSSIAN_ONLY=<part of a name>` runs the matching ones alone.
 fn parent() {
-    let tests: [(&str, fn()); 27] = [
+    let tests: [(&str, fn()); 28] = [
         ("the_reward_rises", the_reward_rises),
         (
             "degenerate_rollouts_replay_nothing",
             degenerate_rollouts_replay_nothing,
         ),
         ("two_ranks_train_as_one", two_ranks_train_as_one),
+        (
+            "a_value_baseline_on_two_ranks_fits_as_one",
+            a_value_baseline_on_two_ranks_fits_as_one,
+        ),
         (
             "a_checkpoint_resumes_on_another_number_of_ranks",
             a_checkpoint_resumes_on_another_number_of_ranks,
