@@ -136,9 +136,6 @@ pub struct FlowGrpo {
     /// DanceGRPO's per-sample random subset of the rollout's trained steps; `None`: every
     /// sample trains every trained step.
     pub timestep_subset: Option<TimestepSubset>,
-    /// DPOK's learned value baseline ([`Algorithm::value_baseline`]); `None`: the rollout's
-    /// advantages.
-    pub value_baseline: Option<ValueBaselineSettings>,
 }
 
 /// DanceGRPO's timestep subset: each sample of a rollout trains its own random
@@ -191,6 +188,9 @@ pub enum RatioObjective {
     DpokClamped {
         /// The reward weight.
         reward_weight: f64,
+        /// The learned value baseline, if any: the advantages are then `r - V(x_t, c, t)` per
+        /// trained step ([`flow_grpo::dpok_loss_per_step`]).
+        value_baseline: Option<ValueBaselineSettings>,
     },
 }
 
@@ -205,14 +205,16 @@ impl FlowGrpo {
             kl_coef: 0.0,
             kl_warmup_rollouts: 0,
             timestep_subset: None,
-            value_baseline: None,
         }
     }
 
     /// DPOK: the clamped ratio in the band `clip`, weighted by `reward_weight`.
     pub fn dpok(clip: ClipRange, reward_weight: f64) -> Self {
         Self {
-            objective: RatioObjective::DpokClamped { reward_weight },
+            objective: RatioObjective::DpokClamped {
+                reward_weight,
+                value_baseline: None,
+            },
             ..Self::new(clip)
         }
     }
@@ -235,11 +237,27 @@ impl FlowGrpo {
         }
     }
 
-    /// The same objective with DPOK's learned value baseline (`None`: without).
-    pub fn with_value_baseline(self, value_baseline: Option<ValueBaselineSettings>) -> Self {
+    /// DPOK with a learned value baseline (`None`: without): each trained step's advantage
+    /// is `r - V(x_t, c, t)` ([`Algorithm::value_baseline`]).
+    pub fn dpok_with_value_baseline(
+        clip: ClipRange,
+        reward_weight: f64,
+        value_baseline: Option<ValueBaselineSettings>,
+    ) -> Self {
         Self {
-            value_baseline,
-            ..self
+            objective: RatioObjective::DpokClamped {
+                reward_weight,
+                value_baseline,
+            },
+            ..Self::new(clip)
+        }
+    }
+
+    /// DPOK's learned value baseline, if the objective has one.
+    pub fn value_settings(&self) -> Option<ValueBaselineSettings> {
+        match self.objective {
+            RatioObjective::DpokClamped { value_baseline, .. } => value_baseline,
+            RatioObjective::PpoClip => None,
         }
     }
 
@@ -540,7 +558,7 @@ impl<B: AutodiffBackend, W: World<B>> Algorithm<B, W> for FlowGrpo {
     }
 
     fn value_baseline(&self) -> Option<ValueBaselineSettings> {
-        self.value_baseline
+        self.value_settings()
     }
 
     /// With [`AnchorSource::Replay`] the anchor is replayed through the same (autodiff) model
@@ -588,7 +606,7 @@ impl<B: AutodiffBackend, W: World<B>> Algorithm<B, W> for FlowGrpo {
         )?;
         let idx: Vec<usize> = samples.clone().collect();
         let per_step = match ctx.value_advantages {
-            Some(all) if self.value_baseline.is_some() => {
+            Some(all) if self.value_settings().is_some() => {
                 let steps = ctx.batch.trained.len();
                 let rows = all
                     .get(samples.start * steps..samples.end * steps)
@@ -603,7 +621,7 @@ impl<B: AutodiffBackend, W: World<B>> Algorithm<B, W> for FlowGrpo {
                     ctx.device,
                 ))
             }
-            _ if self.value_baseline.is_some() => {
+            _ if self.value_settings().is_some() => {
                 return Err(TrainerError::InvalidValueBaseline {
                     problem: "the run handed DPOK no value advantages".into(),
                 });
@@ -612,7 +630,7 @@ impl<B: AutodiffBackend, W: World<B>> Algorithm<B, W> for FlowGrpo {
         };
         let anchor = anchor.log_probs::<B>(samples, ctx.device)?;
         let out = match (self.objective, per_step) {
-            (RatioObjective::DpokClamped { reward_weight }, Some(adv)) => {
+            (RatioObjective::DpokClamped { reward_weight, .. }, Some(adv)) => {
                 dpok_loss_per_step(lp, anchor, adv, self.clip, reward_weight)?
             }
             (RatioObjective::PpoClip, _) => grpo_clip_loss(
@@ -621,7 +639,7 @@ impl<B: AutodiffBackend, W: World<B>> Algorithm<B, W> for FlowGrpo {
                 ctx.advantages.tensor::<B>(&idx, ctx.device),
                 self.clip,
             )?,
-            (RatioObjective::DpokClamped { reward_weight }, None) => dpok_loss(
+            (RatioObjective::DpokClamped { reward_weight, .. }, None) => dpok_loss(
                 lp,
                 anchor,
                 ctx.advantages.tensor::<B>(&idx, ctx.device),

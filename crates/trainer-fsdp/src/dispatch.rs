@@ -183,11 +183,10 @@ impl FromPlan for FlowGrpo {
                 anchor,
                 value_baseline,
             } => Some(
-                FlowGrpo::dpok(clip_range, reward_weight)
+                FlowGrpo::dpok_with_value_baseline(clip_range, reward_weight, value_baseline)
                     .with_anchor(anchor)
                     .with_kl(kl_coef)
-                    .with_kl_warmup(kl_warmup_rollouts)
-                    .with_value_baseline(value_baseline),
+                    .with_kl_warmup(kl_warmup_rollouts),
             ),
             _ => None,
         }

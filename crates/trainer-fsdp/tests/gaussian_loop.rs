@@ -513,7 +513,7 @@ fn dpok_fits_a_value_baseline_and_resumes_exactly() {
     const VALUE: &str = "algorithm={ kind = \"dpok\", value_baseline = { hidden = 16, batch_size = 32, lr = 0.01 } }";
     let dir = tempfile::tempdir().unwrap();
     let mut run = start(dir.path(), ROLLOUTS, &[VALUE]);
-    assert!(run.algorithm().value_baseline.is_some());
+    assert!(run.algorithm().value_settings().is_some());
     let summary = run.run(&StopFlag::new()).unwrap();
     let (a, b) = (summary.initial_eval.unwrap(), summary.final_eval.unwrap());
     assert_rose("DPOK with a value baseline: ", &a, &b, 0.2, 5.0);
