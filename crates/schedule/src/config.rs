@@ -3,9 +3,11 @@
 //! The keys that shape the sigma schedule are read; every other key is kept in
 //! [`SchedulerConfig::other`], and [`SchedulePolicy::from_config`](crate::SchedulePolicy::from_config)
 //! refuses, by name, any key a `FlowMatchEulerDiscreteScheduler` config holds that it does not
-//! implement (a UniPC config's solver settings are the trainer's `[sampling]` concern and stay
-//! there). Missing keys take diffusers' constructor defaults, so a config means here what it
-//! means to diffusers.
+//! implement. Of a `UniPCMultistepScheduler` config it accepts the keys that do not change the
+//! flow grid ([`UNIPC_INERT_KEYS`](crate::UNIPC_INERT_KEYS)) and the sampler keys at the values
+//! of flowrl's own UniPC (the trainer's `sampling.solver = "unipc_bh2"`), and refuses any
+//! other by name. Missing keys take diffusers' constructor defaults, so a config means here
+//! what it means to diffusers.
 
 use std::path::Path;
 

@@ -15,8 +15,8 @@
 //!   `start + step * i` with a fused multiply-add (a build without AVX2 does not, and differs by
 //!   one ulp at some indices); this crate follows the AVX2 build.
 //! * [`BaseGrid::UniPcFlow`]: `UniPCMultistepScheduler.set_timesteps` with `use_flow_sigmas`,
-//!   in `f64` numpy arithmetic, rounded to `f32` once at the end; the grid of diffusers 0.36+
-//!   by default, 0.35's under [`Compat::Diffusers035Numpy1`].
+//!   in `f64` numpy arithmetic, rounded to `f32` once at the end; the grid of diffusers 0.37+
+//!   by default, 0.35's and 0.36's under [`Compat::Diffusers035Numpy1`].
 
 use crate::shift::TimeShift;
 
@@ -27,15 +27,17 @@ use crate::shift::TimeShift;
 ///   `(1 - t)[-1] / (1 - shift_terminal)` from a numpy `float32` scalar and a Python float:
 ///   numpy 2 (NEP 50) keeps that in `f32`, numpy 1.x promoted it to `f64`. The two differ by at
 ///   most one ulp in some sigmas.
-/// * UniPC's flow grid: diffusers 0.36+ shifts `linspace(1, 1/T, N + 1)[:-1]` (and nudges a
-///   first sigma of 1 down by `1e-6`); 0.35 shifted `1 - linspace(1, 1/T, N + 1)`, reversed,
-///   without its final zero: another grid.
+/// * UniPC's flow grid: diffusers 0.37+ shifts `linspace(1, 1/T, N + 1)[:-1]` (and nudges a
+///   first sigma of 1 down by `1e-6`), and can stretch it to `shift_terminal` or shift it
+///   linearly; 0.35 and 0.36 shifted `1 - linspace(1, 1/T, N + 1)`, reversed, without its
+///   final zero: another grid, with neither option.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub enum Compat {
-    /// diffusers 0.36 and later under numpy 2 (the releases users install today).
+    /// The current diffusers release (0.42; UniPC's grid as built since 0.37) under numpy 2:
+    /// what users install today.
     #[default]
     Current,
-    /// diffusers 0.35 under numpy 1.x.
+    /// diffusers 0.35 under numpy 1.x (UniPC's grid is also 0.36's).
     Diffusers035Numpy1,
 }
 
@@ -56,8 +58,9 @@ pub enum BaseGrid {
     /// `t = linspace(1, 1/N, N)`, shifted, then `0` appended. Starts at `sigma = 1`.
     FlowMatch,
     /// UniPC's flow grid (`use_flow_sigmas`), then `0` appended; `T = num_train_timesteps`.
-    /// diffusers 0.36+: `t = linspace(1, 1/T, N + 1)[:-1]`, shifted, a first value of 1
-    /// lowered by `1e-6`; diffusers 0.35: `t = 1 - linspace(1, 1/T, N + 1)` reversed, shifted,
+    /// diffusers 0.37+: `t = linspace(1, 1/T, N + 1)[:-1]`, shifted, optionally stretched to
+    /// `shift_terminal`, a first value of 1 lowered by `1e-6`; diffusers 0.35 and 0.36:
+    /// `t = 1 - linspace(1, 1/T, N + 1)` reversed, shifted,
     /// its final (zero) entry dropped, starting at `shift(1 - 1/T)` ([`Compat`]). Starts below 1
     /// either way.
     UniPcFlow,
@@ -218,15 +221,20 @@ pub(crate) fn dance(n: usize, shift: &ResolvedShift) -> Vec<f32> {
 /// UniPC's flow grid in `f64`, rounded to `f32` once, with `0` appended ([`Compat`] picks
 /// the grid).
 ///
-/// * Current diffusers: `t = linspace(1, 1/T, N + 1)[:-1]`, shifted (`s t / (1 + (s - 1) t)`
-///   static, `exp(mu) / (exp(mu) + 1/t - 1)` dynamic), a first value within `1e-6` of 1
-///   lowered by `1e-6`.
-/// * diffusers 0.35: `t = 1 - linspace(1, 1/T, N + 1)` reversed without its final zero,
-///   shifted statically by `s`, or by `exp(mu)` for a dynamic shift.
+/// * Current diffusers (0.37+): `t = linspace(1, 1/T, N + 1)[:-1]`, shifted (static:
+///   `s t / (1 + (s - 1) t)`; dynamic: `c / (c + 1/t - 1)` with `c = exp(mu)` exponential or
+///   `c = mu` linear), stretched to `shift_terminal` if given (`scale = (1 - t)[-1] /
+///   (1 - shift_terminal)`, then `t = 1 - (1 - t) / scale`, all in `f64`), a first value
+///   within `1e-6` of 1 lowered by `1e-6`.
+/// * diffusers 0.35 and 0.36: `t = 1 - linspace(1, 1/T, N + 1)` reversed without its final
+///   zero, shifted statically by `s`, or by `exp(mu)` for a dynamic shift. Those releases
+///   have neither the stretch nor the linear shift: the policy refuses both under that
+///   compat before it gets here.
 pub(crate) fn unipc_flow(
     n: usize,
     num_train_timesteps: u32,
     shift: &ResolvedShift,
+    shift_terminal: Option<f64>,
     compat: Compat,
 ) -> Vec<f32> {
     let grid = numpy_linspace(1.0, 1.0 / f64::from(num_train_timesteps), n + 1);
@@ -236,7 +244,13 @@ pub(crate) fn unipc_flow(
             .iter()
             .map(|&x| match *shift {
                 ResolvedShift::Static(s) => static_shift(s, x),
-                ResolvedShift::Dynamic { mu, .. } => mu.exp() / (mu.exp() + (1.0 / x - 1.0)),
+                ResolvedShift::Dynamic { mu, kind } => {
+                    let c = match kind {
+                        TimeShift::Exponential => mu.exp(),
+                        TimeShift::Linear => mu,
+                    };
+                    c / (c + (1.0 / x - 1.0))
+                }
             })
             .collect(),
         Compat::Diffusers035Numpy1 => {
@@ -247,6 +261,10 @@ pub(crate) fn unipc_flow(
             (0..n).map(|i| static_shift(s, 1.0 - grid[n - i])).collect()
         }
     };
+    if let (Compat::Current, Some(term)) = (compat, shift_terminal) {
+        let scale = (1.0 - out[n - 1]) / (1.0 - term);
+        out = out.iter().map(|v| 1.0 - (1.0 - v) / scale).collect();
+    }
     if compat == Compat::Current && (out[0] - 1.0).abs() < 1e-6 {
         out[0] -= 1e-6;
     }

@@ -63,7 +63,7 @@ pub use plan::{
     RandomSubset, Route, RouteSteps, SdeStepPlan, SdeSteps, SlidingWindow, TrainedStepsConfig,
     WindowEnd, WindowStrategy,
 };
-pub use policy::SchedulePolicy;
+pub use policy::{SchedulePolicy, UNIPC_INERT_KEYS};
 pub use shift::{ComputeMu, Flux2KleinMu, LinearMu, MuInput, Shift, TimeShift};
 pub use sigmas::{Schedule, Sigmas};
 pub use validate::{PlanReport, PlanWarning, SIGMA_ONE, SdeType, validate_plan};

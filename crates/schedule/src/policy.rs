@@ -46,8 +46,7 @@ impl SchedulePolicy {
     /// # Errors
     /// [`ScheduleError::InvalidConfig`] listing every problem: a static shift that is not
     /// finite and `> 0`, a `shift_terminal` outside `(0, 1)`, `T = 0`, or a grid that cannot
-    /// take the setting (UniPC's grid has no linear time shift and no stretch; DanceGRPO's has
-    /// no stretch).
+    /// take the setting (DanceGRPO's has no stretch).
     ///
     /// ```
     /// use schedule::{BaseGrid, SchedulePolicy, Shift};
@@ -89,30 +88,11 @@ impl SchedulePolicy {
                 expected: "an integer >= 1",
             });
         }
-        if shift_terminal.is_some()
-            && !matches!(
-                grid,
-                BaseGrid::FlowMatch | BaseGrid::FlowMatchSchedulerDefault
-            )
-        {
+        if shift_terminal.is_some() && grid == BaseGrid::Dance {
             problems.push(ConfigProblem::GridConflict {
                 grid: grid.name(),
                 setting: "shift_terminal",
-                why: "only diffusers' FlowMatch scheduler stretches to a terminal sigma",
-            });
-        }
-        if let (
-            BaseGrid::UniPcFlow,
-            Shift::Dynamic {
-                kind: TimeShift::Linear,
-                ..
-            },
-        ) = (grid, &shift)
-        {
-            problems.push(ConfigProblem::GridConflict {
-                grid: grid.name(),
-                setting: "time_shift_type = \"linear\"",
-                why: "UniPC's dynamic shift is flow_shift = exp(mu), exponential only",
+                why: "DanceGRPO's grid already ends at 0 and has no terminal stretch",
             });
         }
         if problems.is_empty() {
@@ -231,6 +211,11 @@ impl SchedulePolicy {
                     "UniPC takes mu from the pipeline; build the policy with SchedulePolicy::new and an explicit ComputeMu",
                     &mut problems,
                 );
+                for (key, value) in &cfg.other {
+                    if let Some(problem) = unipc_key_problem(key, value) {
+                        problems.push(problem);
+                    }
+                }
                 (BaseGrid::UniPcFlow, cfg.flow_shift)
             }
             other => {
@@ -467,6 +452,39 @@ impl SchedulePolicy {
         }
     }
 
+    /// diffusers 0.35 and 0.36 built UniPC's flow grid without a terminal stretch and with
+    /// the exponential shift only: under [`Compat::Diffusers035Numpy1`] a policy asking for
+    /// either has no reference to reproduce.
+    fn check_unipc_compat(&self) -> Result<(), ScheduleError> {
+        if self.compat != Compat::Diffusers035Numpy1 {
+            return Ok(());
+        }
+        let mut problems = Vec::new();
+        if self.shift_terminal.is_some() {
+            problems.push(ConfigProblem::GridConflict {
+                grid: self.grid.name(),
+                setting: "shift_terminal under diffusers 0.35 compat",
+                why: "UniPC's terminal stretch arrived in diffusers 0.37; use the current compat",
+            });
+        }
+        if let Shift::Dynamic {
+            kind: TimeShift::Linear,
+            ..
+        } = self.shift
+        {
+            problems.push(ConfigProblem::GridConflict {
+                grid: self.grid.name(),
+                setting: "time_shift_type = \"linear\" under diffusers 0.35 compat",
+                why: "UniPC's dynamic shift was flow_shift = exp(mu) before diffusers 0.37; use the current compat",
+            });
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(ScheduleError::InvalidConfig { problems })
+        }
+    }
+
     /// The schedule for one request. All three arguments are required: a dynamic shift derives
     /// `mu` from them, and a silent default size would mis-derive it for every other size.
     ///
@@ -476,7 +494,9 @@ impl SchedulePolicy {
     /// # Errors
     /// [`ScheduleError::InvalidGeometry`] for a zero argument; [`ScheduleError::InvalidSigmas`]
     /// when the result is not a valid schedule (e.g. `steps = 1` with a `shift_terminal`
-    /// stretch, which divides by zero in the reference too, or a non-positive linear `mu`).
+    /// stretch, which divides by zero in the reference too, or a non-positive linear `mu`);
+    /// [`ScheduleError::InvalidConfig`] for UniPC's stretch or linear shift under
+    /// [`Compat::Diffusers035Numpy1`], whose releases had neither.
     pub fn sample_sigmas(
         &self,
         height: u32,
@@ -508,7 +528,14 @@ impl SchedulePolicy {
                 self.shift_terminal,
             ),
             BaseGrid::UniPcFlow => {
-                grid::unipc_flow(steps, self.num_train_timesteps, &resolved, self.compat)
+                self.check_unipc_compat()?;
+                grid::unipc_flow(
+                    steps,
+                    self.num_train_timesteps,
+                    &resolved,
+                    self.shift_terminal,
+                    self.compat,
+                )
             }
         };
         // t = 1 shifted in f32 can round one ulp above 1 (e.g. s / (1 + (s - 1)) for some s); the
@@ -525,4 +552,77 @@ impl SchedulePolicy {
             mu,
         })
     }
+}
+
+/// Keys of a `UniPCMultistepScheduler` config that do not change its flow grid, each with why
+/// it is inert there.
+pub const UNIPC_INERT_KEYS: &[(&str, &str)] = &[
+    ("_diffusers_version", "the writer's version"),
+    ("_name_or_path", "where the writer loaded it from"),
+    ("beta_start", "the flow grid does not read the betas"),
+    ("beta_end", "the flow grid does not read the betas"),
+    ("beta_schedule", "the flow grid does not read the betas"),
+    ("trained_betas", "the flow grid does not read the betas"),
+    (
+        "rescale_betas_zero_snr",
+        "the flow grid does not read the betas",
+    ),
+    (
+        "timestep_spacing",
+        "the flow grid's timesteps are T * sigma",
+    ),
+    ("steps_offset", "the flow grid's timesteps are T * sigma"),
+    (
+        "sigma_min",
+        "read only by the Karras / exponential / beta grids",
+    ),
+    (
+        "sigma_max",
+        "read only by the Karras / exponential / beta grids",
+    ),
+    (
+        "dynamic_thresholding_ratio",
+        "read only with thresholding, which must be off",
+    ),
+    (
+        "sample_max_value",
+        "read only with thresholding, which must be off",
+    ),
+];
+
+/// Why a key of a `UniPCMultistepScheduler` config is refused, `None` when it is inert
+/// ([`UNIPC_INERT_KEYS`]) or describes the sampler flowrl's UniPC is
+/// (`sampling.solver = "unipc_bh2"`: flow prediction, data prediction, bh2, order 2 with the
+/// corrector on every step, the last step at order 1, no thresholding). A file describing
+/// another sampler is refused rather than replaced by that one without a word.
+fn unipc_key_problem(key: &str, value: &serde_json::Value) -> Option<ConfigProblem> {
+    if UNIPC_INERT_KEYS.iter().any(|(k, _)| *k == key) {
+        return None;
+    }
+    let ours = match key {
+        "prediction_type" => value == "flow_prediction",
+        "solver_order" => value.as_u64() == Some(2),
+        // diffusers registers these three as bh2
+        "solver_type" => ["bh2", "midpoint", "heun", "logrho"]
+            .iter()
+            .any(|v| value == *v),
+        "predict_x0" | "lower_order_final" => value == true,
+        "thresholding" => value == false,
+        "disable_corrector" => value.as_array().is_some_and(Vec::is_empty),
+        "solver_p" => value.is_null(),
+        _ => {
+            return Some(ConfigProblem::UnknownKey {
+                key: key.to_owned(),
+                value: value.to_string(),
+                why: "no such key in a UniPCMultistepScheduler this crate implements",
+            });
+        }
+    };
+    (!ours).then(|| ConfigProblem::UnknownKey {
+        key: key.to_owned(),
+        value: value.to_string(),
+        why: "flowrl's UniPC (sampling.solver = \"unipc_bh2\") is flow_prediction, predict_x0, bh2, \
+              solver_order 2 with the corrector on every step, lower_order_final, no thresholding; \
+              a file describing another sampler is refused",
+    })
 }

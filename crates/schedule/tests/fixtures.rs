@@ -7,8 +7,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use schedule::{
-    BaseGrid, Compat, EvalFallback, ExplicitSteps, MuInput, PerRolloutResample, PlanQuery,
-    Schedule, SchedulePolicy, SchedulerConfig, SdeStepPlan,
+    BaseGrid, Compat, ComputeMu, EvalFallback, ExplicitSteps, MuInput, PerRolloutResample,
+    PlanQuery, Schedule, SchedulePolicy, SchedulerConfig, SdeStepPlan, Shift, TimeShift,
+    UNIPC_INERT_KEYS,
 };
 use serde_json::Value;
 
@@ -288,7 +289,7 @@ fn unipc_flow_schedules_match_diffusers_0_35() {
     unipc_cases_match("unipc_flow_schedules.json", Compat::Diffusers035Numpy1);
 }
 
-/// diffusers 0.36+ builds another grid (`linspace(1, 1/T, N + 1)[:-1]`, its first value
+/// diffusers 0.37+ builds another grid (`linspace(1, 1/T, N + 1)[:-1]`, its first value
 /// nudged below 1): the default.
 #[test]
 fn unipc_flow_schedules_match_current_diffusers() {
@@ -301,6 +302,152 @@ fn unipc_flow_schedules_match_current_diffusers() {
         old["cases"][0]["sigmas"], new["cases"][0]["sigmas"],
         "the grids differ"
     );
+}
+
+/// A `mu` as the pipeline hands it to UniPC's `set_timesteps`.
+#[derive(Debug)]
+struct GivenMu(f64);
+
+impl ComputeMu for GivenMu {
+    fn mu(&self, _: MuInput) -> f64 {
+        self.0
+    }
+}
+
+/// diffusers 0.37+ stretches UniPC's flow grid to `shift_terminal` and shifts it with the
+/// linear time shift too: both reproduced bit for bit under the current compat, and refused
+/// by name under 0.35's, whose UniPC had neither.
+#[test]
+fn unipc_flow_options_match_current_diffusers() {
+    let fx = load("unipc_flow_options_current.json");
+    let cases = fx["cases"].as_array().unwrap();
+    let (mut stretched, mut linear) = (0, 0);
+    for case in cases {
+        let name = case["name"].as_str().unwrap();
+        let (h, w, n) = geometry(case);
+        let cfg: SchedulerConfig = serde_json::from_value(case["config"].clone()).unwrap();
+        let kind = match cfg.time_shift_type.as_str() {
+            "linear" => TimeShift::Linear,
+            _ => TimeShift::Exponential,
+        };
+        let policy = match case["mu"].as_f64() {
+            None => SchedulePolicy::from_config(&cfg).unwrap_or_else(|e| panic!("{name}: {e}")),
+            Some(mu) => {
+                // UniPC's config carries no mu rule: the pipeline gives it one
+                let err = SchedulePolicy::from_config(&cfg).unwrap_err().to_string();
+                assert!(err.contains("use_dynamic_shifting"), "{name}: {err}");
+                let shift = Shift::Dynamic {
+                    compute_mu: Arc::new(GivenMu(mu)),
+                    kind,
+                };
+                SchedulePolicy::new(
+                    BaseGrid::UniPcFlow,
+                    shift,
+                    cfg.shift_terminal,
+                    cfg.num_train_timesteps,
+                )
+                .unwrap_or_else(|e| panic!("{name}: {e}"))
+            }
+        };
+        let got = policy.sample_sigmas(h, w, n).unwrap();
+        check(name, &got, case);
+        assert_eq!(
+            got.sigmas.as_slice(),
+            f32s(&case["sigmas"]),
+            "{name}: not bit for bit"
+        );
+        if let Some(term) = cfg.shift_terminal {
+            stretched += 1;
+            let last = f64::from(got.sigmas.as_slice()[n - 1]);
+            assert!((last - term).abs() < 1e-6, "{name}: ends at {last}");
+        }
+        linear += usize::from(kind == TimeShift::Linear);
+        let old = policy.clone().with_compat(Compat::Diffusers035Numpy1);
+        let old = old.sample_sigmas(h, w, n);
+        if cfg.shift_terminal.is_some() || kind == TimeShift::Linear {
+            let err = old.unwrap_err().to_string();
+            assert!(err.contains("diffusers 0.35 compat"), "{name}: {err}");
+        } else {
+            assert!(old.is_ok(), "{name}");
+        }
+        let ints: Vec<i64> = case["diffusers_int_timesteps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_i64().unwrap())
+            .collect();
+        // diffusers truncates its f64 `T * sigma`; ours is the f32 product, which can round up
+        // to the next integer (a stretched last sigma of 0.1 is a hair below it in f64)
+        for (k, (t, i)) in got.timesteps.iter().zip(&ints).enumerate() {
+            let d = f64::from(*t) - *i as f64;
+            assert!((0.0..=1.0).contains(&d), "{name}: step {k}: {t} vs {i}");
+        }
+    }
+    assert_eq!((cases.len(), stretched, linear), (8, 5, 3));
+}
+
+/// A UniPC flow scheduler as diffusers' `save_config` writes it (every constructor key) loads;
+/// a key that describes another sampler, or no key UniPC has, is refused by name, all at once.
+#[test]
+fn a_saved_unipc_config_loads_and_its_other_samplers_are_refused() {
+    let dir = fixtures().join("configs").join("unipc_flow_saved");
+    let saved = SchedulePolicy::load(&dir).unwrap();
+    let published = SchedulePolicy::load(fixtures().join("configs").join("unipc_flow")).unwrap();
+    for n in [10, 20] {
+        assert_eq!(
+            saved.sample_sigmas(1024, 1024, n).unwrap().sigmas,
+            published.sample_sigmas(1024, 1024, n).unwrap().sigmas
+        );
+    }
+    let text = std::fs::read_to_string(dir.join("scheduler_config.json")).unwrap();
+    let mut json: serde_json::Map<String, Value> = serde_json::from_str(&text).unwrap();
+    for (key, _) in UNIPC_INERT_KEYS {
+        if !key.starts_with('_') {
+            assert!(json.contains_key(*key), "save_config writes {key}");
+        }
+    }
+    for (key, value) in [
+        ("solver_order", serde_json::json!(3)),
+        ("solver_type", serde_json::json!("bh1")),
+        ("predict_x0", serde_json::json!(false)),
+        ("thresholding", serde_json::json!(true)),
+        ("disable_corrector", serde_json::json!([0])),
+        ("prediction_type", serde_json::json!("epsilon")),
+        ("variance_type", serde_json::json!("fixed_small")),
+    ] {
+        json.insert(key.to_owned(), value);
+    }
+    // diffusers registers "midpoint" as bh2: not a problem
+    let mut ok = json.clone();
+    for key in [
+        "solver_order",
+        "solver_type",
+        "predict_x0",
+        "thresholding",
+        "disable_corrector",
+        "prediction_type",
+        "variance_type",
+    ] {
+        ok.remove(key);
+    }
+    ok.insert("solver_type".into(), serde_json::json!("midpoint"));
+    let cfg: SchedulerConfig = serde_json::from_value(Value::Object(ok)).unwrap();
+    SchedulePolicy::from_config(&cfg).unwrap();
+
+    let cfg: SchedulerConfig = serde_json::from_value(Value::Object(json)).unwrap();
+    let err = SchedulePolicy::from_config(&cfg).unwrap_err().to_string();
+    assert!(err.contains("7 problem(s)"), "{err}");
+    for key in [
+        "solver_order = 3",
+        "solver_type = \"bh1\"",
+        "predict_x0 = false",
+        "thresholding = true",
+        "disable_corrector = [0]",
+        "prediction_type = \"epsilon\"",
+        "variance_type",
+    ] {
+        assert!(err.contains(key), "{key} not named in: {err}");
+    }
 }
 
 #[test]

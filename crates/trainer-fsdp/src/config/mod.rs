@@ -327,11 +327,11 @@ impl SchedulerSource {
 /// `sampling.schedule_compat` (`schedule::Compat`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ScheduleCompat {
-    /// diffusers 0.36+ under numpy 2.
+    /// The current diffusers release under numpy 2.
     #[default]
     #[serde(rename = "current")]
     Current,
-    /// diffusers 0.35 under numpy 1.x.
+    /// diffusers 0.35 under numpy 1.x (UniPC's grid is also 0.36's).
     #[serde(rename = "diffusers_0_35")]
     Diffusers035,
 }
