@@ -236,13 +236,18 @@ fn every_transformers_layout_of_a_clip_config_loads_strictly() {
 }
 
 /// The default CLIP image processor as transformers 4.21 (`CLIPFeatureExtractor`, integer
-/// sizes), 4.25 and 4.57 (`CLIPImageProcessor`) save it reads strictly to the same settings;
-/// an unknown key, a foreign class and a fast processor's non-CLIP value are refused by name.
+/// sizes), 4.25 and 4.57 (`CLIPImageProcessor`, and 4.57's `CLIPImageProcessorFast`, every
+/// fast key written out) save it reads strictly to the same settings; an unknown key, a
+/// foreign class and a fast processor's non-CLIP value are refused by name.
 #[test]
 fn every_transformers_layout_of_a_clip_processor_loads_strictly() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/reward/clip_configs");
-    for version in ["4.21.3", "4.25.1", "4.57.6"] {
-        let path = dir.join(format!("preprocessor-transformers-{version}.json"));
+    for version in ["4.21.3", "4.25.1", "4.57.6", "fast 4.57.6"] {
+        let file = match version.strip_prefix("fast ") {
+            Some(v) => format!("preprocessor_fast-transformers-{v}.json"),
+            None => format!("preprocessor-transformers-{version}.json"),
+        };
+        let path = dir.join(file);
         let p = ClipImageProcessor::from_json(&path)
             .unwrap_or_else(|e| panic!("transformers {version}: {e}"));
         assert_eq!(p, ClipImageProcessor::default(), "transformers {version}");

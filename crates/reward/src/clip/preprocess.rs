@@ -48,6 +48,10 @@ pub const PROCESSOR_INERT_KEYS: &[(&str, &str)] = &[
         "disable_grouping",
         "how a fast processor batches images of one size, not the pixels",
     ),
+    (
+        "pad_size",
+        "read only when padding, which CLIP does not (do_pad is refused)",
+    ),
 ];
 
 /// The keys [`ClipImageProcessor::from_json`] reads.
