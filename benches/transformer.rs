@@ -13,7 +13,10 @@
 //!   `forward_backward/1024`).
 //!
 //! Group names end in the backend (`shapes_transformer/flex`, `shapes_transformer/ndarray`);
-//! `cargo bench --bench transformer -- /flex` runs one backend.
+//! `cargo bench --bench transformer -- /flex` runs one backend. With `--features
+//! bench-openblas` NdArray's products go through the system's OpenBLAS (its groups end in
+//! `ndarray_openblas`); with `--features bench-candle` every row also runs on burn's Candle
+//! backend (`.../candle`).
 //!
 //! `cargo bench --bench transformer`; `benches/reference/transformer_torch.py` is the same
 //! work in PyTorch (diffusers + peft) and `benches/reference/compare_transformer.py` runs both
@@ -30,7 +33,7 @@ use std::path::Path;
 
 use burn::backend::{Autodiff, Flex, NdArray};
 use burn::tensor::backend::Backend;
-use burn::tensor::{Bool, Distribution, Tensor, TensorData};
+use burn::tensor::{Distribution, Int, Tensor, TensorData};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use flowrl::dit_models::{
     ImageShape, LoraConfig, QwenImageConfig, QwenImageInput, QwenImageTransformer2DModel,
@@ -80,7 +83,9 @@ fn shapes(c: &mut Criterion) {
     // allocator"), so the figures are the model's and not the kernel's page zeroing.
     common::keep_freed_pages();
     shapes_on::<Flex>(c, "flex");
-    shapes_on::<NdArray>(c, "ndarray");
+    shapes_on::<NdArray>(c, NDARRAY);
+    #[cfg(feature = "bench-candle")]
+    shapes_on::<burn::backend::Candle>(c, "candle");
 }
 
 fn shapes_on<B: Backend>(c: &mut Criterion, backend: &str) {
@@ -140,9 +145,10 @@ fn mid_model<B: Backend>(device: &B::Device) -> QwenImageTransformer2DModel<B> {
 
 /// The mid configuration's inputs at a `side x side` token grid.
 fn mid_input<B: Backend>(side: usize, device: &B::Device) -> QwenImageInput<B> {
-    let mask: Vec<bool> = MID_TEXT_LENGTHS
+    // through an integer tensor: burn-candle 0.21 builds no Bool tensor from bool data
+    let mask: Vec<i32> = MID_TEXT_LENGTHS
         .iter()
-        .flat_map(|&n| (0..MID_TEXT).map(move |i| i < n))
+        .flat_map(|&n| (0..MID_TEXT).map(move |i| i32::from(i < n)))
         .collect();
     QwenImageInput {
         hidden_states: Tensor::random(
@@ -155,10 +161,10 @@ fn mid_input<B: Backend>(side: usize, device: &B::Device) -> QwenImageInput<B> {
             Distribution::Normal(0.0, 1.0),
             device,
         ),
-        encoder_hidden_states_mask: Some(Tensor::<B, 2, Bool>::from_data(
-            TensorData::new(mask, [MID_BATCH, MID_TEXT]),
-            device,
-        )),
+        encoder_hidden_states_mask: Some(
+            Tensor::<B, 2, Int>::from_data(TensorData::new(mask, [MID_BATCH, MID_TEXT]), device)
+                .equal_elem(1),
+        ),
         timestep: Tensor::random([MID_BATCH], Distribution::Uniform(0.2, 0.9), device),
         img_shapes: vec![ImageShape::new(1, side, side)],
     }
@@ -176,8 +182,17 @@ fn clone_input<B: Backend>(i: &QwenImageInput<B>) -> QwenImageInput<B> {
 
 fn mid(c: &mut Criterion) {
     mid_on::<Flex>(c, "flex");
-    mid_on::<NdArray>(c, "ndarray");
+    mid_on::<NdArray>(c, NDARRAY);
+    #[cfg(feature = "bench-candle")]
+    mid_on::<burn::backend::Candle>(c, "candle");
 }
+
+/// NdArray's group name: whether its products run on OpenBLAS.
+const NDARRAY: &str = if cfg!(feature = "bench-openblas") {
+    "ndarray_openblas"
+} else {
+    "ndarray"
+};
 
 fn mid_on<B: Backend>(c: &mut Criterion, backend: &str) {
     let device = Default::default();

@@ -8,7 +8,7 @@ use std::path::Path;
 
 use burn::backend::Flex;
 use reward::clip::{ClipConfig, ClipImageProcessor, ClipModel, ClipTokenizer, HiddenAct};
-use reward::{PickScore, PickScoreOptions, RewardError};
+use reward::{ConfigProblem, PickScore, PickScoreOptions, RewardError};
 use safetensors::tensor::{Dtype, TensorView};
 use support::*;
 
@@ -261,26 +261,14 @@ fn every_transformers_layout_of_a_clip_processor_loads_strictly() {
             "crop_pct": 0.9, "size": {"shortest_edge": 224}}"#,
     )
     .unwrap();
-    match ClipImageProcessor::from_json(&path) {
-        Err(e @ RewardError::InvalidConfigFile { .. }) => {
-            let RewardError::InvalidConfigFile {
-                path: at, problems, ..
-            } = &e
-            else {
-                unreachable!()
-            };
-            assert!(at.is_file(), "{e}");
-            assert!(e.to_string().contains(&at.display().to_string()), "{e}");
-            let mut fields: Vec<&str> = problems.iter().map(|p| p.field.as_str()).collect();
-            fields.sort_unstable();
-            assert_eq!(
-                fields,
-                ["crop_pct", "default_to_square", "image_processor_type"],
-                "{problems:?}"
-            );
-        }
-        other => panic!("{other:?}"),
-    }
+    let problems = file_problems(ClipImageProcessor::from_json(&path));
+    let mut fields: Vec<&str> = problems.iter().map(|p| p.field.as_str()).collect();
+    fields.sort_unstable();
+    assert_eq!(
+        fields,
+        ["crop_pct", "default_to_square", "image_processor_type"],
+        "{problems:?}"
+    );
 }
 
 /// The `tokenizer_config.json` of a CLIP tokenizer as transformers 4.21, 4.25 and 4.57 save
@@ -315,32 +303,20 @@ fn every_transformers_layout_of_a_clip_tokenizer_config_loads_strictly() {
             "legacy": false}"#,
     )
     .unwrap();
-    match ClipTokenizer::from_dir(dir.path(), 77) {
-        Err(e @ RewardError::InvalidConfigFile { .. }) => {
-            let RewardError::InvalidConfigFile {
-                path: at, problems, ..
-            } = &e
-            else {
-                unreachable!()
-            };
-            assert!(at.is_file(), "{e}");
-            assert!(e.to_string().contains(&at.display().to_string()), "{e}");
-            let mut fields: Vec<&str> = problems.iter().map(|p| p.field.as_str()).collect();
-            fields.sort_unstable();
-            assert_eq!(
-                fields,
-                [
-                    "bos_token",
-                    "legacy",
-                    "padding_side",
-                    "split_special_tokens",
-                    "tokenizer_class",
-                ],
-                "{problems:?}"
-            );
-        }
-        other => panic!("{other:?}"),
-    }
+    let problems = file_problems(ClipTokenizer::from_dir(dir.path(), 77));
+    let mut fields: Vec<&str> = problems.iter().map(|p| p.field.as_str()).collect();
+    fields.sort_unstable();
+    assert_eq!(
+        fields,
+        [
+            "bos_token",
+            "legacy",
+            "padding_side",
+            "split_special_tokens",
+            "tokenizer_class",
+        ],
+        "{problems:?}"
+    );
 }
 
 /// Every key is read, inert or refused by name: an unknown key at any level, a foreign
@@ -358,37 +334,25 @@ fn unknown_clip_config_keys_are_refused_by_name() {
                               "pruned_heads": {}, "eos_token_id": null}}"#,
     )
     .unwrap();
-    match ClipConfig::from_transformers_json(&path) {
-        Err(e @ RewardError::InvalidConfigFile { .. }) => {
-            let RewardError::InvalidConfigFile {
-                path: at, problems, ..
-            } = &e
-            else {
-                unreachable!()
-            };
-            assert!(at.is_file(), "{e}");
-            assert!(e.to_string().contains(&at.display().to_string()), "{e}");
-            let mut fields: Vec<&str> = problems.iter().map(|p| p.field.as_str()).collect();
-            fields.sort_unstable();
-            assert_eq!(
-                fields,
-                [
-                    "text_config.pruned_heads",
-                    "text_config.rope_theta",
-                    "use_siglip_loss",
-                    "vision_config.model_type",
-                    "vision_config.use_head",
-                ],
-                "{problems:?}"
-            );
-            let p = problems
-                .iter()
-                .find(|p| p.field == "vision_config.model_type")
-                .unwrap();
-            assert!(p.allowed.contains("clip_vision_model"), "{p:?}");
-        }
-        other => panic!("{other:?}"),
-    }
+    let problems = file_problems(ClipConfig::from_transformers_json(&path));
+    let mut fields: Vec<&str> = problems.iter().map(|p| p.field.as_str()).collect();
+    fields.sort_unstable();
+    assert_eq!(
+        fields,
+        [
+            "text_config.pruned_heads",
+            "text_config.rope_theta",
+            "use_siglip_loss",
+            "vision_config.model_type",
+            "vision_config.use_head",
+        ],
+        "{problems:?}"
+    );
+    let p = problems
+        .iter()
+        .find(|p| p.field == "vision_config.model_type")
+        .unwrap();
+    assert!(p.allowed.contains("clip_vision_model"), "{p:?}");
 }
 
 #[test]
@@ -402,28 +366,16 @@ fn config_problems_are_listed_together() {
             "vision_config": {"image_size": [224, 200], "patch_size": 14, "num_channels": "three"}}"#,
     )
     .unwrap();
-    match ClipConfig::from_transformers_json(&path) {
-        Err(e @ RewardError::InvalidConfigFile { .. }) => {
-            let RewardError::InvalidConfigFile {
-                path: at, problems, ..
-            } = &e
-            else {
-                unreachable!()
-            };
-            assert!(at.is_file(), "{e}");
-            assert!(e.to_string().contains(&at.display().to_string()), "{e}");
-            let fields: Vec<&str> = problems.iter().map(|p| p.field.as_str()).collect();
-            for f in [
-                "text_config.hidden_act",
-                "vision_config.image_size",
-                "vision_config.num_channels",
-                "projection_dim",
-                "text_config.hidden_size",
-            ] {
-                assert!(fields.contains(&f), "{f} not in {fields:?}");
-            }
-        }
-        other => panic!("{other:?}"),
+    let problems = file_problems(ClipConfig::from_transformers_json(&path));
+    let fields: Vec<&str> = problems.iter().map(|p| p.field.as_str()).collect();
+    for f in [
+        "text_config.hidden_act",
+        "vision_config.image_size",
+        "vision_config.num_channels",
+        "projection_dim",
+        "text_config.hidden_size",
+    ] {
+        assert!(fields.contains(&f), "{f} not in {fields:?}");
     }
     // transformers' defaults fill what a file leaves out; *_config_dict wins (older files)
     std::fs::write(
@@ -516,4 +468,22 @@ fn pickscore_v1_preset_is_clip_h_14() {
         + 2 * 1280;
     let total = text + vision + 1280 * 1024 + 1024 * 1024 + 1;
     assert!((980_000_000..990_000_000).contains(&total), "{total}");
+}
+
+/// The problems of a [`RewardError::InvalidConfigFile`], after checking that it names the file
+/// it read (an existing path, in its message too); panics on any other result.
+fn file_problems<T: std::fmt::Debug>(result: Result<T, RewardError>) -> Vec<ConfigProblem> {
+    let e = match result {
+        Err(e) => e,
+        Ok(v) => panic!("expected an invalid config file, got {v:?}"),
+    };
+    let message = e.to_string();
+    match e {
+        RewardError::InvalidConfigFile { path, problems, .. } => {
+            assert!(path.is_file(), "{message}");
+            assert!(message.contains(&path.display().to_string()), "{message}");
+            problems
+        }
+        other => panic!("{other:?}"),
+    }
 }

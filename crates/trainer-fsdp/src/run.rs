@@ -70,7 +70,7 @@ use crate::train::{
     AdamWOptimizer, PolicyOptimizer, UpdateReport, advantage_metrics, failure_messages,
     train_step_threads,
 };
-use crate::value::{VALUE_FILES, ValueBaseline, prompt_features, value_rows};
+use crate::value::{VALUE_FILES, ValueBaseline, ValueStep, prompt_features, value_rows};
 use crate::workers::Workers;
 use crate::world::{Inner, World};
 use velocity_model::{Conditioning, Guided, TrueCfg, VelocityModel};
@@ -1774,8 +1774,15 @@ fn value_step<B: AutodiffBackend, S, K: Workers>(
         .zip(&step.values)
         .map(|(&r, &v)| if r.is_finite() { r as f32 - v } else { 0.0 })
         .collect();
+    let m = value_metrics(&step, &row_rewards, &advantages);
+    Ok((Some(advantages), m))
+}
+
+/// A value step's metrics: its loss and buffer size, and the mean prediction and the mean and
+/// spread of `r - V` over the rows whose reward is finite.
+fn value_metrics(step: &ValueStep, row_rewards: &[f64], advantages: &[f32]) -> Metrics {
     let (mut n, mut sum_v, mut sum_a, mut sum_a2) = (0.0, 0.0, 0.0, 0.0);
-    for ((&r, &v), &a) in row_rewards.iter().zip(&step.values).zip(&advantages) {
+    for ((&r, &v), &a) in row_rewards.iter().zip(&step.values).zip(advantages) {
         if r.is_finite() {
             n += 1.0;
             sum_v += f64::from(v);
@@ -1796,7 +1803,7 @@ fn value_step<B: AutodiffBackend, S, K: Workers>(
         names::TRAIN_VALUE_BUFFER_ROWS.into(),
         step.buffer_rows as f64,
     );
-    Ok((Some(advantages), m))
+    m
 }
 
 /// A value baseline's rows: row-major features, each row's step, each row's reward.

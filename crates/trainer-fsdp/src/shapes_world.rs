@@ -215,8 +215,10 @@ impl<B: Backend> TextEncoder<B> {
         let shape = [tokens.batch, MAX_PROMPT_WORDS];
         let ids =
             Tensor::<B, 2, Int>::from_data(TensorData::new(tokens.ids.clone(), shape), device);
+        // through an integer tensor: burn-candle 0.21 builds no Bool tensor from bool data
+        let flags: Vec<i32> = tokens.mask.iter().map(|&m| i32::from(m)).collect();
         let mask =
-            Tensor::<B, 2, Bool>::from_data(TensorData::new(tokens.mask.clone(), shape), device);
+            Tensor::<B, 2, Int>::from_data(TensorData::new(flags, shape), device).equal_elem(1);
         let x = self.embed.forward(ids) + self.position.val().unsqueeze_dim(0);
         let x = self
             .encoder

@@ -1053,19 +1053,25 @@ fn offset_diff(a: &[f32], b: &[f32]) -> f64 {
     })
 }
 
-/// Two ranks (CPU peers on burn's collective runtime) sharing each rollout train as one rank
-/// does: the same samples (global sample ids), the same advantages (gathered), the same
-/// updates (each rank an equal share of each, the gradients all-reduced): per-rollout rewards
-/// equal, losses and the final offset equal to float rounding, and the IO rank alone writes
-/// the run's files.
-fn two_ranks_train_as_one() {
+/// Runs 4 rollouts with `extra` on one rank and on two (in fresh directories), checks that
+/// the run trained and that both ranks end within 1e-5 of where the one rank does; returns
+/// the two directories, the two summaries and the largest offset difference.
+fn one_rank_and_two(
+    extra: &[&str],
+) -> (
+    tempfile::TempDir,
+    tempfile::TempDir,
+    trainer_fsdp::RunSummary,
+    trainer_fsdp::RunSummary,
+    f64,
+) {
     let one = tempfile::tempdir().unwrap();
-    let mut run = start(one.path(), 4, &[]);
+    let mut run = start(one.path(), 4, extra);
     let a = run.run(&StopFlag::new()).unwrap();
     let d1 = delta(&run);
     drop(run);
     let two = tempfile::tempdir().unwrap();
-    let (b, d2) = run_ranks(two.path(), 4, &[], 2, None).unwrap();
+    let (b, d2) = run_ranks(two.path(), 4, extra, 2, None).unwrap();
     let worst = d2.iter().map(|d| offset_diff(d, &d1)).fold(0.0, f64::max);
     assert!(
         worst <= 1e-5,
@@ -1075,6 +1081,16 @@ fn two_ranks_train_as_one() {
         offset_diff(&d1, &[0.0; 8]) > 0.05,
         "the run trained: {d1:?}"
     );
+    (one, two, a, b, worst)
+}
+
+/// Two ranks (CPU peers on burn's collective runtime) sharing each rollout train as one rank
+/// does: the same samples (global sample ids), the same advantages (gathered), the same
+/// updates (each rank an equal share of each, the gradients all-reduced): per-rollout rewards
+/// equal, losses and the final offset equal to float rounding, and the IO rank alone writes
+/// the run's files.
+fn two_ranks_train_as_one() {
+    let (one, two, a, b, worst) = one_rank_and_two(&[]);
     let (ea, eb) = (a.final_eval.unwrap(), b.final_eval.unwrap());
     assert!(
         (ea.reward - eb.reward).abs() <= 1e-4,
@@ -1113,22 +1129,7 @@ fn two_ranks_train_as_one() {
 /// rounding) and the fit's losses agree rollout by rollout.
 fn a_value_baseline_on_two_ranks_fits_as_one() {
     const VALUE: &str = "algorithm={ kind = \"dpok\", value_baseline = { hidden = 16, batch_size = 32, lr = 0.01 } }";
-    let one = tempfile::tempdir().unwrap();
-    let mut run = start(one.path(), 4, &[VALUE]);
-    run.run(&StopFlag::new()).unwrap();
-    let d1 = delta(&run);
-    drop(run);
-    let two = tempfile::tempdir().unwrap();
-    let (_, d2) = run_ranks(two.path(), 4, &[VALUE], 2, None).unwrap();
-    let worst = d2.iter().map(|d| offset_diff(d, &d1)).fold(0.0, f64::max);
-    assert!(
-        worst <= 1e-5,
-        "two ranks ended at {d2:?}, one rank at {d1:?}"
-    );
-    assert!(
-        offset_diff(&d1, &[0.0; 8]) > 0.05,
-        "the run trained: {d1:?}"
-    );
+    let (one, two, _, _, worst) = one_rank_and_two(&[VALUE]);
     let (la, lb) = (
         logged(one.path(), names::TRAIN_VALUE_LOSS),
         logged(two.path(), names::TRAIN_VALUE_LOSS),
