@@ -66,6 +66,12 @@ pub struct SchedulerConfig {
     /// Every other key of the file, as written.
     #[serde(flatten)]
     pub other: std::collections::BTreeMap<String, serde_json::Value>,
+    /// Every key the text held, typed or not, with its value ([`SchedulerConfig::from_json_str`] and
+    /// [`SchedulerConfig::load`] fill it; empty for a config built in code): a typed key
+    /// that the scheduler class named does not have is refused by its presence, since its
+    /// field alone cannot tell a written default from an absent key.
+    #[serde(skip)]
+    pub written: std::collections::BTreeMap<String, serde_json::Value>,
 }
 
 impl Default for SchedulerConfig {
@@ -91,6 +97,7 @@ impl Default for SchedulerConfig {
             flow_shift: 1.0,
             final_sigmas_type: "zero".to_owned(),
             other: std::collections::BTreeMap::new(),
+            written: std::collections::BTreeMap::new(),
         }
     }
 }
@@ -101,10 +108,22 @@ impl SchedulerConfig {
     /// # Errors
     /// [`ScheduleError::Json`] when the text is not JSON or a key has the wrong type.
     pub fn from_json_str(text: &str) -> Result<Self, ScheduleError> {
-        serde_json::from_str(text).map_err(|source| ScheduleError::Json {
+        Self::parse(text).map_err(|source| ScheduleError::Json {
             path: "<memory>".into(),
             source,
         })
+    }
+
+    /// The config and the keys the text wrote.
+    fn parse(text: &str) -> Result<Self, serde_json::Error> {
+        let value: serde_json::Value = serde_json::from_str(text)?;
+        let written = value
+            .as_object()
+            .map(|map| map.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+            .unwrap_or_default();
+        let mut cfg: Self = serde_json::from_value(value)?;
+        cfg.written = written;
+        Ok(cfg)
     }
 
     /// Reads `scheduler_config.json` (the file itself, or a directory holding it, e.g. a
@@ -123,7 +142,7 @@ impl SchedulerConfig {
             path: file.clone(),
             source,
         })?;
-        serde_json::from_str(&text).map_err(|source| ScheduleError::Json { path: file, source })
+        Self::parse(&text).map_err(|source| ScheduleError::Json { path: file, source })
     }
 
     /// `shift_terminal` with diffusers' truthiness applied: `None` for `null` and `0.0`.

@@ -189,6 +189,12 @@ impl SchedulePolicy {
                         }),
                     }
                 }
+                foreign_keys(
+                    cfg,
+                    UNIPC_ONLY_KEYS,
+                    "a UniPCMultistepScheduler key; FlowMatchEulerDiscreteScheduler has none",
+                    &mut problems,
+                );
                 (BaseGrid::FlowMatch, cfg.shift)
             }
             "UniPCMultistepScheduler" => {
@@ -216,6 +222,12 @@ impl SchedulePolicy {
                         problems.push(problem);
                     }
                 }
+                foreign_keys(
+                    cfg,
+                    FLOW_MATCH_ONLY_KEYS,
+                    "a FlowMatchEulerDiscreteScheduler key; UniPCMultistepScheduler has none",
+                    &mut problems,
+                );
                 (BaseGrid::UniPcFlow, cfg.flow_shift)
             }
             other => {
@@ -625,4 +637,35 @@ fn unipc_key_problem(key: &str, value: &serde_json::Value) -> Option<ConfigProbl
               solver_order 2 with the corrector on every step, lower_order_final, no thresholding; \
               a file describing another sampler is refused",
     })
+}
+
+/// Typed keys of [`SchedulerConfig`] that only `UniPCMultistepScheduler` has.
+const UNIPC_ONLY_KEYS: &[&str] = &["use_flow_sigmas", "flow_shift", "final_sigmas_type"];
+
+/// Typed keys of [`SchedulerConfig`] that only `FlowMatchEulerDiscreteScheduler` has.
+const FLOW_MATCH_ONLY_KEYS: &[&str] = &[
+    "shift",
+    "base_shift",
+    "max_shift",
+    "base_image_seq_len",
+    "max_image_seq_len",
+    "invert_sigmas",
+];
+
+/// Refuses each of `keys` that the file wrote (diffusers would drop it with a warning).
+fn foreign_keys(
+    cfg: &SchedulerConfig,
+    keys: &[&str],
+    why: &'static str,
+    problems: &mut Vec<ConfigProblem>,
+) {
+    for key in keys {
+        if let Some(value) = cfg.written.get(*key) {
+            problems.push(ConfigProblem::UnknownKey {
+                key: (*key).to_owned(),
+                value: value.to_string(),
+                why,
+            });
+        }
+    }
 }

@@ -387,7 +387,8 @@ fn unipc_flow_options_match_current_diffusers() {
 }
 
 /// A UniPC flow scheduler as diffusers' `save_config` writes it (every constructor key) loads;
-/// a key that describes another sampler, or no key UniPC has, is refused by name, all at once.
+/// a key that describes another sampler, or no key UniPC has (FlowMatch's `shift` among
+/// them), is refused by name, all at once; and UniPC's keys in a FlowMatch config too.
 #[test]
 fn a_saved_unipc_config_loads_and_its_other_samplers_are_refused() {
     let dir = fixtures().join("configs").join("unipc_flow_saved");
@@ -414,6 +415,7 @@ fn a_saved_unipc_config_loads_and_its_other_samplers_are_refused() {
         ("disable_corrector", serde_json::json!([0])),
         ("prediction_type", serde_json::json!("epsilon")),
         ("variance_type", serde_json::json!("fixed_small")),
+        ("shift", serde_json::json!(3.0)),
     ] {
         json.insert(key.to_owned(), value);
     }
@@ -427,6 +429,7 @@ fn a_saved_unipc_config_loads_and_its_other_samplers_are_refused() {
         "disable_corrector",
         "prediction_type",
         "variance_type",
+        "shift",
     ] {
         ok.remove(key);
     }
@@ -434,9 +437,9 @@ fn a_saved_unipc_config_loads_and_its_other_samplers_are_refused() {
     let cfg: SchedulerConfig = serde_json::from_value(Value::Object(ok)).unwrap();
     SchedulePolicy::from_config(&cfg).unwrap();
 
-    let cfg: SchedulerConfig = serde_json::from_value(Value::Object(json)).unwrap();
+    let cfg = SchedulerConfig::from_json_str(&Value::Object(json).to_string()).unwrap();
     let err = SchedulePolicy::from_config(&cfg).unwrap_err().to_string();
-    assert!(err.contains("7 problem(s)"), "{err}");
+    assert!(err.contains("8 problem(s)"), "{err}");
     for key in [
         "solver_order = 3",
         "solver_type = \"bh1\"",
@@ -445,9 +448,23 @@ fn a_saved_unipc_config_loads_and_its_other_samplers_are_refused() {
         "disable_corrector = [0]",
         "prediction_type = \"epsilon\"",
         "variance_type",
+        "shift = 3.0: a FlowMatchEulerDiscreteScheduler key",
     ] {
         assert!(err.contains(key), "{key} not named in: {err}");
     }
+    // and the other way round: UniPC's keys in a FlowMatch config
+    let cfg = SchedulerConfig::from_json_str(
+        r#"{"_class_name": "FlowMatchEulerDiscreteScheduler", "shift": 3.0, "flow_shift": 3.0,
+            "use_flow_sigmas": false}"#,
+    )
+    .unwrap();
+    let err = SchedulePolicy::from_config(&cfg).unwrap_err().to_string();
+    assert!(err.contains("2 problem(s)"), "{err}");
+    assert!(
+        err.contains("flow_shift = 3.0: a UniPCMultistepScheduler key"),
+        "{err}"
+    );
+    assert!(err.contains("use_flow_sigmas = false"), "{err}");
 }
 
 #[test]
