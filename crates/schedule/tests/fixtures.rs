@@ -249,6 +249,16 @@ fn the_sd3_5_double_shift_bug_is_recorded_as_present() {
     assert_eq!(s.sigmas.as_slice()[9], 0.25);
 }
 
+/// The integer timesteps diffusers hands UniPC's model, as a case records them.
+fn diffusers_int_timesteps(case: &Value) -> Vec<i64> {
+    case["diffusers_int_timesteps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_i64().unwrap())
+        .collect()
+}
+
 /// The UniPC flow-grid cases of `file` under `compat`.
 fn unipc_cases_match(file: &str, compat: Compat) {
     let fx = load(file);
@@ -268,12 +278,7 @@ fn unipc_cases_match(file: &str, compat: Compat) {
             "{name}: UniPC's flow grid starts below 1"
         );
         // diffusers' integer timesteps are the truncation of ours
-        let ints: Vec<i64> = case["diffusers_int_timesteps"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_i64().unwrap())
-            .collect();
+        let ints = diffusers_int_timesteps(case);
         for (k, (t, i)) in got.timesteps.iter().zip(&ints).enumerate() {
             assert!(
                 (f64::from(*t) - *i as f64).abs() < 1.0,
@@ -370,12 +375,7 @@ fn unipc_flow_options_match_current_diffusers() {
         } else {
             assert!(old.is_ok(), "{name}");
         }
-        let ints: Vec<i64> = case["diffusers_int_timesteps"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_i64().unwrap())
-            .collect();
+        let ints = diffusers_int_timesteps(case);
         // diffusers truncates its f64 `T * sigma`; ours is the f32 product, which can round up
         // to the next integer (a stretched last sigma of 0.1 is a hair below it in f64)
         for (k, (t, i)) in got.timesteps.iter().zip(&ints).enumerate() {
