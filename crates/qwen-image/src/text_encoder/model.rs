@@ -9,7 +9,7 @@ use burn::module::{Module, Param};
 use burn::tensor::activation::{silu, softmax};
 use burn::tensor::backend::Backend;
 use burn::tensor::module::embedding;
-use burn::tensor::{Int, Tensor, TensorData};
+use burn::tensor::{DType, Int, Tensor, TensorData};
 
 use crate::error::QwenImageError;
 use crate::tokenizer::TokenBatch;
@@ -40,8 +40,16 @@ pub struct RmsNorm<B: Backend> {
 }
 
 impl<B: Backend> RmsNorm<B> {
-    /// Normalises `x: [..., dim]` over its last axis.
+    /// Normalises `x: [..., dim]` over its last axis. Below f32 (bf16 weights on a GPU) the
+    /// normalisation runs in f32 and its result is rounded back before the weight multiplies
+    /// it, as transformers does.
     pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
+        let dtype = x.dtype();
+        let x = if dtype == DType::F32 || dtype == DType::F64 {
+            x
+        } else {
+            x.cast(DType::F32)
+        };
         let inv = x
             .clone()
             .square()
@@ -49,7 +57,7 @@ impl<B: Backend> RmsNorm<B> {
             .add_scalar(self.eps)
             .sqrt()
             .recip();
-        x * inv * self.weight.val().unsqueeze::<D>()
+        (x * inv).cast(dtype) * self.weight.val().unsqueeze::<D>()
     }
 }
 
@@ -116,7 +124,14 @@ impl<B: Backend> Attention<B> {
             .matmul(k.swap_dims(2, 3))
             .mul_scalar((hd as f64).powf(-0.5))
             + bias.clone();
-        let out = softmax(scores, 3).matmul(v);
+        // Below f32 the softmax runs in f32 (transformers' eager attention does the same).
+        let dtype = scores.dtype();
+        let probs = if dtype == DType::F32 || dtype == DType::F64 {
+            softmax(scores, 3)
+        } else {
+            softmax(scores.cast(DType::F32), 3).cast(dtype)
+        };
+        let out = probs.matmul(v);
         self.o_proj
             .forward(out.swap_dims(1, 2).reshape([b, s, h * hd]))
     }
@@ -223,6 +238,17 @@ pub fn causal_padding_bias(mask: &[Vec<u8>]) -> Vec<f32> {
     out
 }
 
+/// The most negative finite value of a float dtype narrower than f32, as an f32 (`None` for
+/// f32 and f64, whose masks keep `f32::MIN`).
+fn finite_min(dtype: DType) -> Option<f32> {
+    match dtype {
+        // bf16's lowest finite value, -(2 - 2^-7) * 2^127.
+        DType::BF16 => Some(f32::from_bits(0xFF7F_0000)),
+        DType::F16 => Some(-65_504.0),
+        _ => None,
+    }
+}
+
 impl<B: Backend> TextEncoder<B> {
     /// The number of token rows of the embedding.
     pub fn vocab_size(&self) -> usize {
@@ -273,13 +299,18 @@ impl<B: Backend> TextEncoder<B> {
         let ids: Vec<i64> = batch.ids.iter().flatten().map(|&i| i as i64).collect();
         let ids = Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [b, s]), device);
         let head_dim = self.layers.first().map_or(0, |l| l.self_attn.head_dim);
+        // The tables and the mask in the weights' dtype (f32 on the CPU; bf16 weights on a
+        // GPU get bf16 tables, computed in f32 and rounded once, as transformers does).
+        let dtype = self.embed_tokens.val().dtype();
         let (cos, sin) = rope_tables(s, head_dim, self.rope_theta);
-        let cos = Tensor::<B, 2>::from_data(TensorData::new(cos, [s, head_dim]), device);
-        let sin = Tensor::<B, 2>::from_data(TensorData::new(sin, [s, head_dim]), device);
-        let bias = Tensor::<B, 4>::from_data(
-            TensorData::new(causal_padding_bias(&batch.mask), [b, 1, s, s]),
-            device,
-        );
+        let cos = Tensor::<B, 2>::from_data(TensorData::new(cos, [s, head_dim]), (device, dtype));
+        let sin = Tensor::<B, 2>::from_data(TensorData::new(sin, [s, head_dim]), (device, dtype));
+        let mut bias = causal_padding_bias(&batch.mask);
+        if let Some(min) = finite_min(dtype) {
+            // f32::MIN would round to -inf in a narrower float.
+            bias.iter_mut().for_each(|v| *v = v.max(min));
+        }
+        let bias = Tensor::<B, 4>::from_data(TensorData::new(bias, [b, 1, s, s]), (device, dtype));
         let mut x = embedding(self.embed_tokens.val(), ids);
         for layer in &self.layers {
             x = layer.forward(x, &cos, &sin, &bias);
