@@ -27,7 +27,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, bail};
 use burn::backend::Autodiff;
-use burn::module::{AutodiffModule, Module, ModuleMapper, Param};
+use burn::module::{AutodiffModule, Module, Param};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, Distribution, Int, Tensor, TensorData};
 use clap::{Parser, ValueEnum};
@@ -36,6 +36,7 @@ use flowrl::dit_models::{
     ActivationCheckpointing, Adapters, ImageShape, LoraConfig, QwenImageConfig, QwenImageInput,
     QwenImageTransformer2DModel,
 };
+use flowrl::model_weights::cast_float_params;
 use flowrl::qwen_image::text_encoder::{
     Attention, DecoderLayer, Linear, Mlp, RmsNorm, TextEncoder,
 };
@@ -192,26 +193,6 @@ fn measure<B: Backend>(
     Ok(())
 }
 
-/// Casts every float parameter to `dtype`, keeping its id and whether it requires a gradient.
-/// Parameters are materialised and cast one at a time, so the peak is the model in `dtype`
-/// plus one parameter in f32.
-struct CastParams(DType);
-
-impl<B: Backend> ModuleMapper<B> for CastParams {
-    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
-        let dtype = self.0;
-        param.map(|t| {
-            if t.dtype() == dtype {
-                return t;
-            }
-            // `detach` keeps the gradient flag (and a tracked cast is not a leaf): untrack
-            // first, cast, then mark the new leaf.
-            let grad = t.is_require_grad();
-            t.set_require_grad(false).cast(dtype).set_require_grad(grad)
-        })
-    }
-}
-
 fn transformer_config(size: Size) -> QwenImageConfig {
     match size {
         Size::Full => QwenImageConfig::qwen_image(),
@@ -230,7 +211,7 @@ fn transformer_input<B: Backend>(
     side_px: usize,
     device: &B::Device,
 ) -> Result<QwenImageInput<B>> {
-    if side_px == 0 || side_px % 16 != 0 {
+    if side_px == 0 || !side_px.is_multiple_of(16) {
         bail!("--resolutions: {side_px} is not a positive multiple of 16 (VAE 8x, patch 2)");
     }
     let side = side_px / 16;
@@ -274,10 +255,9 @@ fn transformer<A: AutodiffBackend>(args: &Args, device: &A::Device) -> Result<()
     let t = Instant::now();
     // Cast before the adapters are attached: attaching freezes (and so materialises) every
     // base weight, which at f32 would hold the whole model in f32 at once.
-    let model: QwenImageTransformer2DModel<A> =
-        config.init::<A>(device).map(&mut CastParams(dtype));
+    let model: QwenImageTransformer2DModel<A> = cast_float_params(config.init::<A>(device), dtype);
     let lora = LoraConfig::new(args.lora_rank, 2.0 * args.lora_rank as f64);
-    let model = model.attach_lora(&lora)?.map(&mut CastParams(dtype));
+    let model = cast_float_params(model.attach_lora(&lora)?, dtype);
     A::sync(device)?;
     let params: usize = model.num_params();
     eprintln!(
@@ -434,7 +414,7 @@ fn random_text_encoder<B: Backend>(s: &TextShape, dev: &B::Device) -> TextEncode
 fn text_encoder<B: Backend>(args: &Args, device: &B::Device) -> Result<()> {
     let shape = TextShape::new(args.size);
     let t = Instant::now();
-    let encoder = random_text_encoder::<B>(&shape, device).map(&mut CastParams(args.dtype.burn()));
+    let encoder = cast_float_params(random_text_encoder::<B>(&shape, device), args.dtype.burn());
     B::sync(device)?;
     let params = encoder.num_params();
     eprintln!(

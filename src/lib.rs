@@ -11,6 +11,7 @@
 //! | [`noise_recipe`] | bit-stable initial noise, per-step noise policies, sample ids |
 //! | [`trajectory`] | rollout records and their crash-safe safetensors sidecars |
 //! | [`flow_grpo`] | advantages, the clipped objective, KL, replay log-probs, update plans |
+//! | [`model_weights`] | the safetensors loader every model crate shares; casting a module's weights to another float dtype |
 //! | [`dit_models`] | the Qwen-Image MMDiT with LoRA, diffusers-compatible weights |
 //! | [`qwen_image`] | the Qwen2.5-VL text encoder, its tokenizer, Qwen-Image's prompt encoding, the VAE |
 //! | [`reward`] | scorers (PickScore, JPEG, remote, the shapes world) and their combination |
@@ -23,6 +24,7 @@ pub mod backend;
 
 pub use dit_models;
 pub use flow_grpo;
+pub use model_weights;
 pub use noise_recipe;
 pub use qwen_image;
 pub use reward;

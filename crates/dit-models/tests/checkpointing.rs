@@ -5,7 +5,7 @@ mod support;
 use burn::backend::{Autodiff, Flex};
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
-use burn::tensor::Tensor;
+use burn::tensor::{DType, Tensor};
 use dit_models::{ActivationCheckpointing, Adapters, LoadOptions, QwenImageTransformer2DModel};
 use support::*;
 
@@ -127,4 +127,81 @@ fn per_block_checkpointing_matches_plain_backward_full() {
     // `txt_mlp`: weight and bias each), which feeds nothing
     assert_eq!((present, absent), (71, 6));
     assert!(rel < 1e-4, "relative gradient error {rel}");
+}
+
+/// The model with its weights cast to f64 (`model_weights::cast_float_params`; f64 is the other
+/// float the CPU backend has, and bf16 on a GPU takes the same path): the forward builds its
+/// tables in the activations' dtype, and the plain and the per-block backward both run in f64
+/// and give the f32 gradients.
+#[test]
+fn a_model_cast_to_another_float_dtype_trains_in_it() {
+    let dev = Default::default();
+    let model = QwenImageTransformer2DModel::<AD>::from_pretrained(
+        fixtures().join("tiny_single"),
+        &dev,
+        LoadOptions::default(),
+    )
+    .unwrap()
+    .load_peft_adapter(fixtures().join("tiny_lora"), None)
+    .unwrap();
+    let c = case("text_mask");
+    let target = tensor::<AD, 3>(&c["output"], &dev).mul_scalar(0.5);
+    let loss = |v: Tensor<AD, 3>| {
+        let t = target.clone().cast(v.dtype());
+        (v - t).powi_scalar(2).mean().mul_scalar(1e3)
+    };
+    let want = model.forward_backward(
+        input::<AD>(&c, &dev),
+        Adapters::Enabled,
+        ActivationCheckpointing::PerBlock,
+        loss,
+    );
+    let wide = model_weights::cast_float_params(model, DType::F64);
+    let wide_input = || {
+        let mut i = input::<AD>(&c, &dev);
+        i.hidden_states = i.hidden_states.cast(DType::F64);
+        i.encoder_hidden_states = i.encoder_hidden_states.cast(DType::F64);
+        i.timestep = i.timestep.cast(DType::F64);
+        i
+    };
+    let out = wide.forward(wide_input());
+    assert_eq!(
+        out.dtype(),
+        DType::F64,
+        "the forward stays in the weights' dtype"
+    );
+    for mode in [
+        ActivationCheckpointing::None,
+        ActivationCheckpointing::PerBlock,
+    ] {
+        let got = wide.forward_backward(wide_input(), Adapters::Enabled, mode, loss);
+        assert_eq!(got.loss.dtype(), DType::F64);
+        let scale = want.loss.clone().abs().into_scalar() as f64;
+        assert!(
+            diff(got.loss.clone(), want.loss.clone()) <= 1e-5 * scale,
+            "{mode:?}: losses differ"
+        );
+        let mut v = Compare {
+            a: &got.grads,
+            b: &want.grads,
+            present: 0,
+            absent: 0,
+            worst_rel: 0.0,
+            path: Vec::new(),
+        };
+        wide.visit(&mut v);
+        eprintln!(
+            "f64 {mode:?}: {} gradients, worst relative error {:.2e}",
+            v.present, v.worst_rel
+        );
+        assert_eq!(
+            v.present, 30,
+            "{mode:?}: exactly the adapter tensors get gradients"
+        );
+        assert!(
+            v.worst_rel < 1e-4,
+            "{mode:?}: relative gradient error {}",
+            v.worst_rel
+        );
+    }
 }

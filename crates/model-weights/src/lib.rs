@@ -23,8 +23,11 @@
 //! reads each tensor and lays it out itself (e.g. [`transpose`] of PyTorch's `[out, in]`).
 //! [`PRETRAINED_CONFIG_KEYS`] lists the attributes every transformers config carries, for the
 //! config readers of the model crates. Writing checkpoints is not here; this crate only reads.
+//! Its one device-side helper is what every model needs once loaded: [`cast_float_params`]
+//! casts a module's weights to another float dtype (bf16 for a GPU backend).
 #![deny(missing_docs)]
 
+mod cast;
 mod checkpoint;
 mod convert;
 mod error;
@@ -32,6 +35,7 @@ mod hash;
 mod report;
 mod transformers_config;
 
+pub use cast::cast_float_params;
 pub use checkpoint::{Checkpoint, DIFFUSERS, Layout, TRANSFORMERS, TensorMeta, variant_name};
 pub use convert::{FloatDtype, FloatValues, decode, decode_f32, decode_f64, transpose};
 pub use error::WeightsError;

@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 
 use burn::backend::NdArray;
 use burn::backend::flex::Flex;
-use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
+use burn::tensor::{DType, Tensor};
 use qwen_image::text_encoder::{ConfigLayout, TextEncoderConfig};
 use qwen_image::tokenizer::{PaddingSide, TokenizerForm};
 use qwen_image::{PromptEncoder, QwenImageError, QwenTokenizer, TextEncoder, TokenBatch};
@@ -362,4 +362,24 @@ fn a_tokenizer_directory_without_its_files_is_named() {
     }
     let err = QwenTokenizer::from_dir(dir.path()).unwrap_err().to_string();
     assert!(err.contains("tokenizer_config.json"), "{err}");
+}
+
+/// The text encoder with its weights cast to f64 (`model_weights::cast_float_params`; f64 is
+/// the other float the CPU backend has, and bf16 on a GPU takes the same path): its RoPE
+/// tables and mask follow the weights' dtype, the states come out in it, and they are the f32
+/// states.
+#[test]
+fn the_text_encoder_runs_in_its_weights_dtype() {
+    let device = Default::default();
+    let (want, _, batch) = hidden_case::<Flex>(&pipeline().join("text_encoder"), &device);
+    let (model, _) =
+        TextEncoder::<Flex>::from_dir(pipeline().join("text_encoder"), &device).unwrap();
+    let wide = model_weights::cast_float_params(model, DType::F64);
+    let got = wide.forward(&batch, &device).unwrap();
+    assert_eq!(got.dtype(), DType::F64);
+    let got: Vec<f32> = got.into_data().convert::<f32>().to_vec().unwrap();
+    let want: Vec<f32> = want.into_data().convert::<f32>().to_vec().unwrap();
+    let err = max_abs_err_where(&got, &want, |_| true);
+    eprintln!("f64 against f32: max abs difference {err:.3e}");
+    assert!(err <= TOL, "f64 against f32: {err:e} > {TOL:e}");
 }
