@@ -55,8 +55,8 @@ struct Args {
     /// configuration of the same code for a quick check on any backend.
     #[arg(long, value_enum, default_value = "full")]
     size: Size,
-    /// Weight and activation dtype. `bf16` needs a GPU backend (burn 0.21's CPU backends are
-    /// f32 only).
+    /// Dtype of the base weights and the activations (the LoRA adapters stay f32). `bf16`
+    /// needs a GPU backend (burn 0.21's CPU backends are f32 only).
     #[arg(long, value_enum, default_value = "f32")]
     dtype: WeightDtype,
     /// Image sides in pixels (the VAE's 8x and the 2x2 patch make `(side / 16)^2` tokens).
@@ -253,16 +253,17 @@ fn transformer<A: AutodiffBackend>(args: &Args, device: &A::Device) -> Result<()
     config.validate()?;
     let dtype = args.dtype.burn();
     let t = Instant::now();
-    // Cast before the adapters are attached: attaching freezes (and so materialises) every
-    // base weight, which at f32 would hold the whole model in f32 at once.
+    // The base cast before the adapters are attached: attaching freezes (and so materialises)
+    // every base weight, which would hold the whole model in f32 at once. The adapters stay
+    // f32, as a training run keeps them.
     let model: QwenImageTransformer2DModel<A> = cast_float_params(config.init::<A>(device), dtype);
     let lora = LoraConfig::new(args.lora_rank, 2.0 * args.lora_rank as f64);
-    let model = cast_float_params(model.attach_lora(&lora)?, dtype);
+    let model = model.attach_lora(&lora)?;
     A::sync(device)?;
     let params: usize = model.num_params();
     eprintln!(
-        "transformer: {} blocks, width {}, {:.2} B parameters ({:?}), LoRA r{} on the attention \
-         projections, built in {:.1} s",
+        "transformer: {} blocks, width {}, {:.2} B parameters ({:?} base, f32 LoRA r{} on the \
+         attention projections), built in {:.1} s",
         config.num_layers,
         config.inner_dim(),
         params as f64 / 1e9,

@@ -119,6 +119,11 @@ def transformer(args, dtype):
     )
     model = inject_adapter_in_model(config, model)
     model.to(device=DEVICE, dtype=dtype)
+    # The adapters in f32 on the base's dtype, as flowrl keeps them (and diffusers' training
+    # scripts' `cast_training_params`); peft casts the input to the adapter's dtype.
+    for name, p in model.named_parameters():
+        if "lora_" in name:
+            p.data = p.data.float()
     params = sum(p.numel() for p in model.parameters())
     sync()
     print(

@@ -21,7 +21,7 @@ use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Bool, Tensor};
 
 use crate::layers::Adapters;
-use crate::model::{QwenImageInput, QwenImageTransformer2DModel};
+use crate::model::{QwenImageInput, QwenImageTransformer2DModel, in_dtype};
 
 /// How activations are kept for the backward pass.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -122,6 +122,8 @@ impl<B: AutodiffBackend> QwenImageTransformer2DModel<B> {
         loss: impl FnOnce(Tensor<B, 3>) -> Tensor<B, 1>,
     ) -> BackwardOutput<B> {
         let s_txt = self.check_input(&input);
+        let out_dtype = input.hidden_states.dtype();
+        let input = input.in_dtype(self.compute_dtype());
         let QwenImageInput {
             hidden_states,
             encoder_hidden_states,
@@ -163,7 +165,10 @@ impl<B: AutodiffBackend> QwenImageTransformer2DModel<B> {
         let (img_last, txt_last) = boundaries.pop().expect("boundary");
         let img_leaf = leaf::<B, 3>(&img_last);
         let temb_leaf = leaf::<B, 2>(&temb);
-        let l = loss(self.epilogue(img_leaf.clone(), temb_leaf.clone(), adapters));
+        let l = loss(in_dtype(
+            self.epilogue(img_leaf.clone(), temb_leaf.clone(), adapters),
+            out_dtype,
+        ));
         let value = l.clone().inner();
         let grads = l.backward();
         collect(&self.norm_out, &grads, &mut out);

@@ -113,12 +113,18 @@ impl<B: Backend> Linear<B> {
             (Some(l), Adapters::Disabled) if l.merged => Some(term(l, -l.scale)),
             _ => None,
         };
-        fused_ops::linear(
-            x,
-            self.weight.val(),
-            self.bias.as_ref().map(|b| b.val()),
-            lora,
-        )
+        let bias = self.bias.as_ref().map(|b| b.val());
+        match lora {
+            // An adapter in another dtype than the activations (f32 adapters on bf16 base
+            // weights): its term is computed in the adapter's dtype and added in the base's.
+            Some(t) if t.a.dtype() != x.dtype() => {
+                let dtype = x.dtype();
+                let xa = linear(x.clone().cast(t.a.dtype()), t.a, None);
+                let delta = linear(xa, t.b, None).mul_scalar(t.scale).cast(dtype);
+                fused_ops::linear(x, self.weight.val(), bias, None) + delta
+            }
+            lora => fused_ops::linear(x, self.weight.val(), bias, lora),
+        }
     }
 
     /// `(d_in, d_out)`, read without materialising a lazy weight.

@@ -358,7 +358,8 @@ impl<B: Backend> QwenImageTransformer2DModel<B> {
             let a = l.lora.as_mut().expect("adapted");
             if !a.merged {
                 let delta = a.lora_a.val().matmul(a.lora_b.val()).mul_scalar(a.scale);
-                let w = (l.weight.val() + delta).detach();
+                let w = l.weight.val();
+                let w = (w.clone() + crate::model::in_dtype(delta, w.dtype())).detach();
                 set_param(&mut l.weight, w, false);
                 a.merged = true;
             }
@@ -372,7 +373,8 @@ impl<B: Backend> QwenImageTransformer2DModel<B> {
             let a = l.lora.as_mut().expect("adapted");
             if a.merged {
                 let delta = a.lora_a.val().matmul(a.lora_b.val()).mul_scalar(a.scale);
-                let w = (l.weight.val() - delta).detach();
+                let w = l.weight.val();
+                let w = (w.clone() - crate::model::in_dtype(delta, w.dtype())).detach();
                 set_param(&mut l.weight, w, false);
                 a.merged = false;
             }

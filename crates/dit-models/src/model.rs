@@ -211,6 +211,23 @@ pub struct QwenImageInput<B: Backend> {
     pub img_shapes: Vec<ImageShape>,
 }
 
+/// `t` in `dtype`; `t` itself (no cast, no graph node) when it has that dtype already.
+pub(crate) fn in_dtype<B: Backend, const D: usize>(t: Tensor<B, D>, dtype: DType) -> Tensor<B, D> {
+    if t.dtype() == dtype { t } else { t.cast(dtype) }
+}
+
+impl<B: Backend> QwenImageInput<B> {
+    /// The input with its float tensors in `dtype` (the mask and the grids as they are).
+    pub(crate) fn in_dtype(self, dtype: DType) -> Self {
+        Self {
+            hidden_states: in_dtype(self.hidden_states, dtype),
+            encoder_hidden_states: in_dtype(self.encoder_hidden_states, dtype),
+            timestep: in_dtype(self.timestep, dtype),
+            ..self
+        }
+    }
+}
+
 impl QwenImageConfig {
     /// A model with random, lazily initialised weights (materialised on first use; loading a
     /// checkpoint into it never allocates the random values).
@@ -357,12 +374,22 @@ impl<B: Backend> QwenImageTransformer2DModel<B> {
         self.forward_with(input, Adapters::Enabled)
     }
 
+    /// The float dtype the model computes in: that of its base weights. Inputs of another
+    /// dtype are cast to it on the way in and the output back to the input's dtype, so bf16
+    /// weights on a GPU serve an f32 sampler and trainer unchanged. LoRA adapters keep their
+    /// own dtype (f32 as attached or loaded), whatever the base's.
+    pub fn compute_dtype(&self) -> DType {
+        self.img_in.weight.val().dtype()
+    }
+
     /// [`Self::forward`] with the adapters switched on or off for this call.
     ///
     /// Panics with a precise message when shapes disagree (token count vs `img_shapes`,
     /// channels vs the configuration, batch sizes, mask shape).
     pub fn forward_with(&self, input: QwenImageInput<B>, adapters: Adapters) -> Tensor<B, 3> {
         let s_txt = self.check_input(&input);
+        let out_dtype = input.hidden_states.dtype();
+        let input = input.in_dtype(self.compute_dtype());
         let QwenImageInput {
             hidden_states,
             encoder_hidden_states,
@@ -384,7 +411,7 @@ impl<B: Backend> QwenImageTransformer2DModel<B> {
         for block in &self.transformer_blocks {
             (img, txt) = block.forward(img, txt, &ctx);
         }
-        self.epilogue(img, temb, adapters)
+        in_dtype(self.epilogue(img, temb, adapters), out_dtype)
     }
 
     /// Panics with a precise message on inconsistent input shapes; returns the text length.

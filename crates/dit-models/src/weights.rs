@@ -33,9 +33,14 @@ pub enum WeightDtype {
     /// `f32`, converted on the host (bf16 -> f32 is exact). The CPU choice.
     F32,
     /// `bf16` (f32 checkpoints are rounded to nearest even on the host; bf16 ones are kept
-    /// as stored): half the memory, for GPU backends with bf16 kernels. Feed bf16 activations;
-    /// the model creates its host tables (RoPE, timestep sinusoids) in the activations' dtype.
-    /// Not exercised by the tests: burn 0.21's CPU backends (Flex, NdArray) are f32/f64 only.
+    /// as stored): half the memory, for GPU backends with bf16 kernels. The model computes in
+    /// its weights' dtype ([`QwenImageTransformer2DModel::compute_dtype`]): inputs are cast
+    /// to it and the output back to the input's dtype, its host tables (RoPE, timestep
+    /// sinusoids) are made in it, and LoRA adapters stay f32. bf16 itself is not exercised by
+    /// the tests (burn 0.21's CPU backends are f32/f64 only); the same dtype path is, with f64
+    /// base weights (`dit-models`' `checkpointing` tests).
+    ///
+    /// [`QwenImageTransformer2DModel::compute_dtype`]: crate::QwenImageTransformer2DModel::compute_dtype
     Bf16,
 }
 

@@ -2,6 +2,8 @@
 
 mod support;
 
+use std::collections::BTreeMap;
+
 use burn::backend::{Autodiff, Flex};
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
@@ -204,4 +206,112 @@ fn a_model_cast_to_another_float_dtype_trains_in_it() {
             v.worst_rel
         );
     }
+}
+
+/// Base weights in another dtype than the adapters and the inputs (an f64 base with f32
+/// adapters and f32 inputs; bf16 base weights on a GPU take the same path): the model computes
+/// in its base's dtype and answers in the input's, the adapters and their gradients stay f32,
+/// and it agrees with the all-f32 model in the forward, in both backward modes and with the
+/// adapters merged into the base.
+#[test]
+fn f32_adapters_on_a_base_of_another_dtype() {
+    let dev = Default::default();
+    let base = QwenImageTransformer2DModel::<AD>::from_pretrained(
+        fixtures().join("tiny_single"),
+        &dev,
+        LoadOptions::default(),
+    )
+    .unwrap();
+    let all_f32 = base
+        .clone()
+        .load_peft_adapter(fixtures().join("tiny_lora"), None)
+        .unwrap();
+    let mixed = model_weights::cast_float_params(base, DType::F64)
+        .load_peft_adapter(fixtures().join("tiny_lora"), None)
+        .unwrap();
+    assert_eq!(mixed.compute_dtype(), DType::F64);
+    let c = case("text_mask");
+    let want = all_f32.forward(input::<AD>(&c, &dev));
+    let got = mixed.forward(input::<AD>(&c, &dev));
+    assert_eq!(
+        got.dtype(),
+        DType::F32,
+        "the output comes back in the input's dtype"
+    );
+    let scale = want.clone().abs().max().into_scalar() as f64;
+    let err = diff(got.clone(), want.clone());
+    eprintln!("mixed forward: max abs difference {err:.2e} (scale {scale:.2e})");
+    assert!(err <= 1e-5 * scale, "forward: {err:e}");
+    let merged = mixed
+        .clone()
+        .merge_adapters()
+        .forward(input::<AD>(&c, &dev));
+    assert!(diff(merged, got) <= 1e-5 * scale, "merged forward");
+
+    let target = tensor::<AD, 3>(&c["output"], &dev).mul_scalar(0.5);
+    let loss = |v: Tensor<AD, 3>| (v - target.clone()).powi_scalar(2).mean().mul_scalar(1e3);
+    let want = all_f32.forward_backward(
+        input::<AD>(&c, &dev),
+        Adapters::Enabled,
+        ActivationCheckpointing::PerBlock,
+        loss,
+    );
+    let want = by_path(&all_f32, &want.grads);
+    assert_eq!(want.len(), 30, "exactly the adapter tensors get gradients");
+    for mode in [
+        ActivationCheckpointing::None,
+        ActivationCheckpointing::PerBlock,
+    ] {
+        let got = mixed.forward_backward(input::<AD>(&c, &dev), Adapters::Enabled, mode, loss);
+        let got = by_path(&mixed, &got.grads);
+        assert_eq!(
+            got.keys().collect::<Vec<_>>(),
+            want.keys().collect::<Vec<_>>(),
+            "{mode:?}: the same parameters get gradients"
+        );
+        let mut worst = 0.0f64;
+        for (path, (dtype, g)) in &got {
+            assert_eq!(*dtype, DType::F32, "{mode:?}: {path}'s gradient");
+            let w = &want[path].1;
+            let scale = w.iter().fold(0.0f64, |m, v| worse(m, f64::from(v.abs())));
+            worst = worse(worst, max_abs_err(g, w) / scale.max(1e-12));
+        }
+        eprintln!("mixed {mode:?}: worst relative gradient error {worst:.2e}");
+        assert!(worst < 1e-4, "{mode:?}: relative gradient error {worst}");
+    }
+}
+
+/// Every gradient in `grads` of a parameter of `model`, by the parameter's path: its dtype and
+/// values (models loaded apart have different parameter ids, not different paths).
+fn by_path(
+    model: &QwenImageTransformer2DModel<AD>,
+    grads: &GradientsParams,
+) -> BTreeMap<String, (DType, Vec<f32>)> {
+    struct ByPath<'a> {
+        grads: &'a GradientsParams,
+        path: Vec<String>,
+        out: BTreeMap<String, (DType, Vec<f32>)>,
+    }
+    impl ModuleVisitor<AD> for ByPath<'_> {
+        fn enter_module(&mut self, name: &str, _: &str) {
+            self.path.push(name.into());
+        }
+        fn exit_module(&mut self, _: &str, _: &str) {
+            self.path.pop();
+        }
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<AD, D>>) {
+            if let Some(g) = self.grads.get::<Flex, D>(param.id) {
+                let dtype = g.dtype();
+                let values = g.into_data().convert::<f32>().to_vec().unwrap();
+                self.out.insert(self.path.join("."), (dtype, values));
+            }
+        }
+    }
+    let mut v = ByPath {
+        grads,
+        path: Vec::new(),
+        out: BTreeMap::new(),
+    };
+    model.visit(&mut v);
+    v.out
 }
