@@ -36,9 +36,10 @@ pub enum WeightDtype {
     /// as stored): half the memory, for GPU backends with bf16 kernels. The model computes in
     /// its weights' dtype ([`QwenImageTransformer2DModel::compute_dtype`]): inputs are cast
     /// to it and the output back to the input's dtype, its host tables (RoPE, timestep
-    /// sinusoids) are made in it, and LoRA adapters stay f32. bf16 itself is not exercised by
-    /// the tests (burn 0.21's CPU backends are f32/f64 only); the same dtype path is, with f64
-    /// base weights (`dit-models`' `checkpointing` tests).
+    /// sinusoids) are made in it, and LoRA adapters stay f32. burn's CPU backend (Flex)
+    /// computes bf16 too: the tiny model with bf16 weights and f32 adapters strays from
+    /// diffusers' f32 output no further than diffusers' own bf16 forward does (`dit-models`'
+    /// `checkpointing` tests).
     ///
     /// [`QwenImageTransformer2DModel::compute_dtype`]: crate::QwenImageTransformer2DModel::compute_dtype
     Bf16,

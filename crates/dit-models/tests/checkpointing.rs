@@ -315,3 +315,48 @@ fn by_path(
     model.visit(&mut v);
     v.out
 }
+
+/// How much further than PyTorch's bf16 forward of the same weights flowrl's may stray from
+/// the f32 reference (`fixtures/dit_models/bf16.json`, from `fixtures/generate/bf16_fixtures.py`).
+const BF16_VS_PYTORCH: f64 = 1.5;
+
+/// bf16 base weights with f32 adapters (as a GPU run holds them; Flex computes bf16 too): the
+/// adapted model's output strays from diffusers' f32 output no further than diffusers' own
+/// bf16 forward with peft's f32 adapters does (times [`BF16_VS_PYTORCH`]).
+#[test]
+fn a_bf16_base_is_as_accurate_as_pytorchs() {
+    let dev = Default::default();
+    let text = std::fs::read_to_string(fixtures().join("bf16.json")).expect("bf16.json");
+    let bf16: serde_json::Value = serde_json::from_str(&text).expect("json");
+    assert_eq!(
+        bf16["tolerance"]["bf16_vs_pytorch"].as_f64(),
+        Some(BF16_VS_PYTORCH)
+    );
+    assert_eq!(bf16["case"], "text_mask");
+    let base = QwenImageTransformer2DModel::<AD>::from_pretrained(
+        fixtures().join("tiny_single"),
+        &dev,
+        LoadOptions::default(),
+    )
+    .unwrap();
+    let model = model_weights::cast_float_params(base, DType::BF16)
+        .load_peft_adapter(fixtures().join("tiny_lora"), None)
+        .unwrap();
+    let c = case("text_mask");
+    let got = model.forward(input::<AD>(&c, &dev));
+    assert_eq!(
+        got.dtype(),
+        DType::F32,
+        "the output comes back in the input's dtype"
+    );
+    let got: Vec<f32> = got.into_data().to_vec().unwrap();
+    let (_, want) = values(&c["adapted_output"]);
+    let (_, torch) = values(&bf16["adapted_output_bf16"]);
+    let ours = max_abs_err(&got, &want);
+    let theirs = max_abs_err(&torch, &want);
+    eprintln!("bf16 base, f32 adapters: flowrl strays {ours:.3e}, diffusers {theirs:.3e}");
+    assert!(
+        ours <= BF16_VS_PYTORCH * theirs,
+        "bf16: {ours:e} against diffusers' {theirs:e}"
+    );
+}

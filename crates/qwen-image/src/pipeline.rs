@@ -5,7 +5,9 @@
 
 use std::path::{Path, PathBuf};
 
+use burn::tensor::DType;
 use burn::tensor::backend::Backend;
+use model_weights::cast_float_params;
 use serde_json::Value;
 
 use crate::error::{ConfigProblem, QwenImageError, read_json};
@@ -184,9 +186,27 @@ impl<B: Backend> FrozenComponents<B> {
         variant: Option<&str>,
         device: &B::Device,
     ) -> Result<Self, QwenImageError> {
+        Self::load_in(index, variant, DType::F32, device)
+    }
+
+    /// [`FrozenComponents::load`] with the text encoder's and the VAE's weights in `dtype`
+    /// (bf16 halves their memory). Both compute in their weights' dtype and take and give
+    /// tensors of any float dtype: the prompt embeddings come out in `dtype`, decoded images in
+    /// the latents' dtype. The weights are read as f32 and cast on the device one tensor at a
+    /// time ([`model_weights::cast_float_params`]).
+    ///
+    /// # Errors
+    /// Each component's loading errors, naming its files.
+    pub fn load_in(
+        index: PipelineIndex,
+        variant: Option<&str>,
+        dtype: DType,
+        device: &B::Device,
+    ) -> Result<Self, QwenImageError> {
         let tokenizer = QwenTokenizer::from_dir(index.component("tokenizer"))?;
         let (text_encoder, text_encoder_config) =
             TextEncoder::from_dir_variant(index.component("text_encoder"), variant, device)?;
+        let text_encoder = cast_float_params(text_encoder, dtype);
         if tokenizer.vocab_size() > text_encoder_config.vocab_size {
             return Err(QwenImageError::input(
                 "tokenizer",
@@ -198,6 +218,7 @@ impl<B: Backend> FrozenComponents<B> {
             ));
         }
         let (vae, vae_config) = Vae::from_dir_variant(index.component("vae"), variant, device)?;
+        let vae = cast_float_params(vae, dtype);
         Ok(Self {
             index,
             prompt_encoder: PromptEncoder::new(tokenizer, text_encoder),

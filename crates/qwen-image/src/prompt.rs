@@ -140,7 +140,10 @@ impl<B: Backend> PromptEncoder<B> {
                     parts.push(row.select(0, index));
                 }
                 if idx.len() < longest {
-                    parts.push(Tensor::zeros([longest - idx.len(), d], device));
+                    parts.push(Tensor::zeros(
+                        [longest - idx.len(), d],
+                        (device, hidden.dtype()),
+                    ));
                 }
                 Tensor::cat(parts, 0)
             })

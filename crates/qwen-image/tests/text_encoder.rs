@@ -383,3 +383,64 @@ fn the_text_encoder_runs_in_its_weights_dtype() {
     eprintln!("f64 against f32: max abs difference {err:.3e}");
     assert!(err <= TOL, "f64 against f32: {err:e} > {TOL:e}");
 }
+
+/// How much further than PyTorch's bf16 forward of the same weights flowrl's bf16 forward may
+/// stray from the f32 reference (`fixtures/qwen_image/bf16.json`, from
+/// `fixtures/generate/bf16_fixtures.py`).
+const BF16_VS_PYTORCH: f64 = 1.5;
+
+#[test]
+fn the_bf16_factor_is_the_recorded_one() {
+    let f = support::fixture("bf16.json");
+    assert_eq!(
+        f["tolerance"]["bf16_vs_pytorch"].as_f64(),
+        Some(BF16_VS_PYTORCH)
+    );
+}
+
+/// The text encoder in bf16 (which Flex computes, as a GPU does): its last hidden state strays
+/// from transformers' f32 one no further than transformers' own bf16 forward does (times
+/// [`BF16_VS_PYTORCH`]), and the prompt embeddings come out in bf16, padding rows included.
+#[test]
+fn the_text_encoder_in_bf16_is_as_accurate_as_pytorchs() {
+    let device = Default::default();
+    let f = fixture();
+    let bf16 = support::fixture("bf16.json");
+    let index = qwen_image::PipelineIndex::open(pipeline()).unwrap();
+    let c =
+        qwen_image::FrozenComponents::<Flex>::load_in(index, None, DType::BF16, &device).unwrap();
+    let batch = TokenBatch {
+        ids: rows(&f["hidden"]["input_ids"]),
+        mask: rows(&f["hidden"]["attention_mask"]),
+    };
+    let got = c
+        .prompt_encoder
+        .text_encoder
+        .forward(&batch, &device)
+        .unwrap();
+    assert_eq!(got.dtype(), DType::BF16);
+    let got: Vec<f32> = got.into_data().convert::<f32>().to_vec().unwrap();
+    let (_, want) = values(&f["hidden"]["last_hidden_state"]);
+    let (_, torch) = values(&bf16["text_encoder"]["last_hidden_state_bf16"]);
+    let ours = max_abs_err_where(&got, &want, |_| true);
+    let theirs = max_abs_err_where(&torch, &want, |_| true);
+    eprintln!("bf16 last hidden state: flowrl strays {ours:.3e}, transformers {theirs:.3e}");
+    assert!(
+        ours <= BF16_VS_PYTORCH * theirs,
+        "bf16: {ours:e} against transformers' {theirs:e}"
+    );
+
+    let case = &f["encode_prompt"][0];
+    let prompts: Vec<&str> = strings(&case["prompts"]);
+    let max = case["max_sequence_length"].as_u64().unwrap() as usize;
+    let got = c.prompt_encoder.encode(&prompts, max, &device).unwrap();
+    assert_eq!(got.embeds.dtype(), DType::BF16);
+    let (_, want) = values(&case["prompt_embeds"]);
+    let got: Vec<f32> = got.embeds.into_data().convert::<f32>().to_vec().unwrap();
+    let err = max_abs_err_where(&got, &want, |_| true);
+    eprintln!("bf16 prompt embeddings: flowrl strays {err:.3e}");
+    assert!(
+        err <= BF16_VS_PYTORCH * theirs,
+        "bf16 prompt embeddings: {err:e}"
+    );
+}

@@ -187,3 +187,64 @@ fn a_vae_checkpoint_that_does_not_fit_is_named() {
         "{err}"
     );
 }
+
+/// The VAE with its weights cast to another float dtype (`model_weights::cast_float_params`):
+/// f32 inputs are cast to the weights' dtype and the outputs come back in f32. In f64 it
+/// matches diffusers' f32 output as closely as in f32; in bf16 (which Flex computes too, as a
+/// GPU does) its pipeline decode strays from it no further than diffusers' own bf16 decode
+/// does (times [`BF16_VS_PYTORCH`]).
+#[test]
+fn the_vae_runs_in_its_weights_dtype() {
+    use burn::tensor::DType;
+    let device = Default::default();
+    let f = fixture();
+    let p = &f["pipeline_decode"];
+    let (height, width) = (
+        p["height"].as_u64().unwrap() as usize,
+        p["width"].as_u64().unwrap() as usize,
+    );
+    let packed = || pack_latents(tensor::<Flex, 4>(&p["unpacked"], &device)).unwrap();
+    let (vae, _) = Vae::<Flex>::from_dir(vae_dir(), &device).unwrap();
+
+    let wide = model_weights::cast_float_params(vae.clone(), DType::F64);
+    assert_eq!(wide.dtype(), DType::F64);
+    let image = wide.decode_packed(packed(), height, width).unwrap();
+    assert_eq!(image.dtype(), DType::F32, "the output in the input's dtype");
+    check(
+        "f64: decode to [0, 1] from packed tokens",
+        image,
+        &p["image"],
+    );
+    let case = &f["vae"];
+    let moments = wide.encode_moments(tensor::<Flex, 4>(&case["image"], &device));
+    assert_eq!(moments.dtype(), DType::F32);
+    check("f64: encode: moments", moments, &case["encoded"]);
+
+    let narrow = model_weights::cast_float_params(vae, DType::BF16);
+    let image = narrow.decode_packed(packed(), height, width).unwrap();
+    assert_eq!(image.dtype(), DType::F32);
+    let (_, want) = values(&p["image"]);
+    let (_, torch) = values(&support::fixture("bf16.json")["vae"]["image_bf16"]);
+    let got: Vec<f32> = image.into_data().to_vec().unwrap();
+    let ours = max_abs_err(&got, &want);
+    let theirs = max_abs_err(&torch, &want);
+    eprintln!("bf16 decode to [0, 1]: flowrl strays {ours:.3e}, diffusers {theirs:.3e}");
+    assert!(
+        ours <= BF16_VS_PYTORCH * theirs,
+        "bf16 decode: {ours:e} against diffusers' {theirs:e}"
+    );
+}
+
+/// How much further than PyTorch's bf16 run of the same weights flowrl's bf16 run may stray
+/// from the f32 reference (`fixtures/qwen_image/bf16.json`, from
+/// `fixtures/generate/bf16_fixtures.py`).
+const BF16_VS_PYTORCH: f64 = 1.5;
+
+#[test]
+fn the_bf16_factor_is_the_recorded_one() {
+    let f = support::fixture("bf16.json");
+    assert_eq!(
+        f["tolerance"]["bf16_vs_pytorch"].as_f64(),
+        Some(BF16_VS_PYTORCH)
+    );
+}

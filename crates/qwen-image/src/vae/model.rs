@@ -11,11 +11,16 @@ use burn::module::{Module, Param};
 use burn::tensor::activation::{silu, softmax};
 use burn::tensor::backend::Backend;
 use burn::tensor::module::conv2d;
-use burn::tensor::ops::{ConvOptions, PadMode};
-use burn::tensor::{Tensor, TensorData};
+use burn::tensor::ops::ConvOptions;
+use burn::tensor::{DType, Tensor, TensorData};
 
 use crate::error::QwenImageError;
 use crate::latents::{latent_size, unpack_latents};
+
+/// `t` in `dtype`; `t` itself when it has that dtype already.
+fn in_dtype<B: Backend, const D: usize>(t: Tensor<B, D>, dtype: DType) -> Tensor<B, D> {
+    if t.dtype() == dtype { t } else { t.cast(dtype) }
+}
 
 /// A 2D convolution, weight `[out, in, k, k]` (PyTorch's layout).
 #[derive(Module, Debug)]
@@ -169,6 +174,19 @@ fn upsample2x<B: Backend>(x: Tensor<B, 4>) -> Tensor<B, 4> {
         .reshape([b, c, 2 * h, 2 * w])
 }
 
+/// One row of zeros below and one column right of `x: [batch, channels, h, w]` (the
+/// downsampling's `ZeroPad2d((0, 1, 0, 1))`), in `x`'s dtype: burn 0.21's `pad` builds its
+/// zeros in the default float dtype, which fails for any other.
+fn pad_right_bottom<B: Backend>(x: Tensor<B, 4>) -> Tensor<B, 4> {
+    let [b, c, h, w] = x.dims();
+    let (device, dtype) = (x.device(), x.dtype());
+    let x = Tensor::cat(vec![x, Tensor::zeros([b, c, h, 1], (&device, dtype))], 3);
+    Tensor::cat(
+        vec![x, Tensor::zeros([b, c, 1, w + 1], (&device, dtype))],
+        2,
+    )
+}
+
 /// The encoder (`QwenImageEncoder3d` on one frame).
 #[derive(Module, Debug)]
 pub struct Encoder<B: Backend> {
@@ -192,7 +210,7 @@ impl<B: Backend> Encoder<B> {
                 x = res.forward(x);
             }
             if let Some(down) = &stage.downsample {
-                x = down.forward(x.pad((0, 1, 0, 1), PadMode::Constant(0.0)));
+                x = down.forward(pad_right_bottom(x));
             }
         }
         let x = self.mid_block.forward(x);
@@ -274,6 +292,13 @@ impl<B: Backend> Vae<B> {
             .count()
     }
 
+    /// The float dtype the VAE computes in: that of its weights. Inputs of another dtype are
+    /// cast to it and outputs back to the input's dtype (bf16 weights on a GPU serve f32
+    /// latents, as diffusers' pipeline casts its latents to `vae.dtype`).
+    pub fn dtype(&self) -> DType {
+        self.post_quant_conv.weight.val().dtype()
+    }
+
     /// Latents `[batch, z_dim, h, w]` to images `[batch, channels, s·h, s·w]` in `[-1, 1]`
     /// (diffusers' `decode(...).sample` of a one-frame clip, clamped).
     pub fn decode(&self, z: Tensor<B, 4>) -> Tensor<B, 4> {
@@ -282,7 +307,9 @@ impl<B: Backend> Vae<B> {
 
     /// [`Vae::decode`] before its clamp to `[-1, 1]`.
     pub fn decode_unclamped(&self, z: Tensor<B, 4>) -> Tensor<B, 4> {
-        self.decoder.forward(self.post_quant_conv.forward(z))
+        let dtype = z.dtype();
+        let z = in_dtype(z, self.dtype());
+        in_dtype(self.decoder.forward(self.post_quant_conv.forward(z)), dtype)
     }
 
     /// The encoder's raw moments `[batch, 2·z_dim, h/s, w/s]` of images in `[-1, 1]`.
@@ -297,7 +324,9 @@ impl<B: Backend> Vae<B> {
             h % s == 0 && w % s == 0,
             "image of {h}x{w} pixels: both sides must be multiples of the VAE's scale factor {s}"
         );
-        self.quant_conv.forward(self.encoder.forward(x))
+        let dtype = x.dtype();
+        let x = in_dtype(x, self.dtype());
+        in_dtype(self.quant_conv.forward(self.encoder.forward(x)), dtype)
     }
 
     /// The latent distribution of images in `[-1, 1]` (see [`Vae::encode_moments`]).
@@ -311,11 +340,13 @@ impl<B: Backend> Vae<B> {
     }
 
     /// The per-channel `(mean, 1 / std)` of the latent normalisation, each `[1, z, 1, 1]`, the
-    /// reciprocal rounded to `f32` as the pipeline computes it.
-    fn normalisation(&self, device: &B::Device) -> (Tensor<B, 4>, Tensor<B, 4>) {
+    /// reciprocal rounded to `f32` as the pipeline computes it, then to `dtype` (that of the
+    /// latents, as the pipeline's `.to(latents.device, latents.dtype)`).
+    fn normalisation(&self, device: &B::Device, dtype: DType) -> (Tensor<B, 4>, Tensor<B, 4>) {
         let z = self.z_dim();
-        let channel =
-            |values: Vec<f32>| Tensor::from_data(TensorData::new(values, [1, z, 1, 1]), device);
+        let channel = |values: Vec<f32>| {
+            Tensor::from_data(TensorData::new(values, [1, z, 1, 1]), (device, dtype))
+        };
         (
             channel(self.latents_mean.iter().map(|m| *m as f32).collect()),
             channel(
@@ -330,13 +361,13 @@ impl<B: Backend> Vae<B> {
     /// Undoes the pipeline's latent normalisation: `latents / (1 / std) + mean` per channel,
     /// as `QwenImagePipeline` writes it (the reciprocal rounded to `f32` first).
     pub fn denormalize(&self, latents: Tensor<B, 4>) -> Tensor<B, 4> {
-        let (mean, inv_std) = self.normalisation(&latents.device());
+        let (mean, inv_std) = self.normalisation(&latents.device(), latents.dtype());
         latents / inv_std + mean
     }
 
     /// The pipeline's latent normalisation of encoded images: `(latents - mean) · (1 / std)`.
     pub fn normalize(&self, latents: Tensor<B, 4>) -> Tensor<B, 4> {
-        let (mean, inv_std) = self.normalisation(&latents.device());
+        let (mean, inv_std) = self.normalisation(&latents.device(), latents.dtype());
         (latents - mean) * inv_std
     }
 
@@ -353,8 +384,13 @@ impl<B: Backend> Vae<B> {
         width: usize,
     ) -> Result<Tensor<B, 4>, QwenImageError> {
         let (h, w) = latent_size(height, width, self.scale_factor());
-        let latents = unpack_latents(tokens, h, w)?;
+        // As the pipeline: the latents in the VAE's dtype before their normalisation is undone.
+        let dtype = tokens.dtype();
+        let latents = in_dtype(unpack_latents(tokens, h, w)?, self.dtype());
         let images = self.decode(self.denormalize(latents));
-        Ok(images.mul_scalar(0.5).add_scalar(0.5).clamp(0.0, 1.0))
+        Ok(in_dtype(
+            images.mul_scalar(0.5).add_scalar(0.5).clamp(0.0, 1.0),
+            dtype,
+        ))
     }
 }
