@@ -87,9 +87,10 @@ pub fn with_world<B: AutodiffBackend, J: WorldJob<B>>(
             model_path,
             variant,
         } => {
-            let world = QwenImageWorld::<B::InnerBackend>::load(
+            let world = QwenImageWorld::<B::InnerBackend>::load_in(
                 model_path,
                 variant.as_deref(),
+                cfg.model.weight_dtype(),
                 &cfg.sampling,
                 &cfg.data,
                 &cfg.reward.scorers,

@@ -2,7 +2,8 @@
 //!
 //! [`export`] takes a run directory (its newest committed checkpoint, or `iteration`) or a
 //! checkpoint's own `iter_*` directory, rebuilds the run's policy from its
-//! `config.resolved.toml` (the world's base model, the adapter the config names), loads the
+//! `config.resolved.toml` (the world's base model, the adapter the config names; in f32
+//! whatever `model.param_dtype` the run held its frozen weights in), loads the
 //! checkpoint's trainable weights into it ([`CheckpointStore::load_weights`]: every file's hash
 //! verified, nothing written; a run with `[ema]` exports its EMA copy,
 //! [`CheckpointStore::load_copy`]) and hands it to the world ([`World::export_policy`]), which writes
@@ -264,7 +265,11 @@ pub fn export<B: AutodiffBackend>(
 ) -> Result<ExportReport, TrainerError> {
     request.validate()?;
     let source = locate(path, config)?;
-    let cfg = TrainConfig::from_file(&source.config, &[])?;
+    let mut cfg = TrainConfig::from_file(&source.config, &[])?;
+    // Exports are made from f32 base weights whatever the run held them in
+    // (`model.param_dtype`): an adapter's files do not depend on it, and a merged export then
+    // merges into the checkpoint's f32 base, not a rounded one.
+    cfg.model.param_dtype = None;
     let store = CheckpointStore::new(&cfg.checkpoint.dir, &cfg.run.task, None)?;
     let committed = store.committed()?;
     let wanted = match (source.iteration, iteration) {

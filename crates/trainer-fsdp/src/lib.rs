@@ -90,8 +90,9 @@ pub use config::{
     AdamWSettings, AdvantageStdMode, AlgorithmPlan, AlgorithmSection, AnchorSource, AwmSection,
     AwmWeightingKind, BatchGeometry, CheckpointFailurePolicy, DataSection, FlowGrpoSection,
     GENERATION_TASKS, LrSchedulerKind, MOVED_KEYS, MasterDtype, Override, OverrideProblem,
-    Preflight, PreflightProblem, PreflightWarning, ProgressMode, RecipeName, SchedulerSource,
-    ScorerSpec, SdeKind, SolverKind, StorageKind, TrainConfig, Trainable, TrainableMode,
+    ParamDtype, Preflight, PreflightProblem, PreflightWarning, ProgressMode, RecipeName,
+    SchedulerSource, ScorerSpec, SdeKind, SolverKind, StorageKind, TrainConfig, Trainable,
+    TrainableMode,
 };
 pub use dpo::Dpo;
 pub use error::{CheckpointProblem, DrawingProblem, TrainerError};

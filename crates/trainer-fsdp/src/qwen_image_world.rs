@@ -21,8 +21,10 @@
 use std::path::{Path, PathBuf};
 
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::{Bool, Tensor, TensorData};
-use dit_models::{ImageShape, QwenImageConditioning, QwenImageConfig, QwenImageTransformer2DModel};
+use burn::tensor::{Bool, DType, Tensor, TensorData};
+use dit_models::{
+    ImageShape, QwenImageConditioning, QwenImageConfig, QwenImageTransformer2DModel, WeightDtype,
+};
 use qwen_image::{FrozenComponents, PipelineIndex};
 use reward::{Components, PickScore, RgbImage};
 use schedule::SchedulePolicy;
@@ -34,7 +36,7 @@ use crate::prompt_files::{draw_distinct, read_t2i_records, train_pool};
 use crate::rng::TrainerRng;
 use crate::scorers::{ScorerSet, SharedScorer};
 use crate::transformer_policy::{
-    load_transformer_policy, restore_text_conditioning, score_images, store_text_conditioning,
+    load_transformer_policy_in, restore_text_conditioning, score_images, store_text_conditioning,
     transformer_checkpoint_files,
 };
 use crate::world::{HeldOutPrompt, LoadedPolicy, World};
@@ -67,6 +69,8 @@ pub fn read_prompt_file(path: &Path) -> Result<Vec<(String, String)>, TrainerErr
 pub struct QwenImageWorld<Bi: Backend> {
     dir: PathBuf,
     variant: Option<String>,
+    /// The frozen weights' dtype: f32 or bf16.
+    dtype: DType,
     frozen: FrozenComponents<Bi>,
     height: usize,
     width: usize,
@@ -82,6 +86,7 @@ impl<Bi: Backend> std::fmt::Debug for QwenImageWorld<Bi> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("QwenImageWorld")
             .field("dir", &self.dir)
+            .field("dtype", &self.dtype)
             .field("size", &(self.height, self.width))
             .field("held_out", &self.held_out.len())
             .field("train_pool", &self.train_pool.len())
@@ -124,6 +129,35 @@ impl<Bi: Backend> QwenImageWorld<Bi> {
     where
         PickScore<Bi>: Send + Sync,
     {
+        Self::load_in(dir, variant, DType::F32, sampling, data, scorers, device)
+    }
+
+    /// [`QwenImageWorld::load`] with the frozen weights in `dtype` (`model.param_dtype`): the
+    /// text encoder's and the VAE's here, the transformer's base by [`World::load_policy`].
+    /// Conditioning is encoded in `dtype`; latents, velocities and images stay f32.
+    ///
+    /// # Errors
+    /// As [`QwenImageWorld::load`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn load_in(
+        dir: &Path,
+        variant: Option<&str>,
+        dtype: DType,
+        sampling: &SamplingSection,
+        data: &DataSection,
+        scorers: &[ScorerSpec],
+        device: &Bi::Device,
+    ) -> Result<Self, TrainerError>
+    where
+        PickScore<Bi>: Send + Sync,
+    {
+        if dtype != DType::F32 && dtype != DType::BF16 {
+            return Err(incompatible(
+                "model.param_dtype",
+                format!("{dtype:?}"),
+                "fp32 or bf16",
+            ));
+        }
         let index = PipelineIndex::open(dir)?;
         let dit =
             QwenImageConfig::from_diffusers_json(index.transformer_dir().join("config.json"))?;
@@ -153,7 +187,7 @@ impl<Bi: Backend> QwenImageWorld<Bi> {
                 ),
             ));
         }
-        let frozen = FrozenComponents::<Bi>::load(index, variant, device)?;
+        let frozen = FrozenComponents::<Bi>::load_in(index, variant, dtype, device)?;
         let z = frozen.vae_config.z_dim;
         let patch = dit.patch_size;
         if dit.in_channels != z * patch * patch {
@@ -212,6 +246,7 @@ impl<Bi: Backend> QwenImageWorld<Bi> {
         Ok(Self {
             dir: dir.to_path_buf(),
             variant: variant.map(str::to_string),
+            dtype,
             frozen,
             height,
             width,
@@ -286,11 +321,16 @@ impl<B: AutodiffBackend> World<B> for QwenImageWorld<B::InnerBackend> {
         seed: u64,
         device: &B::Device,
     ) -> Result<LoadedPolicy<Self::Policy>, TrainerError> {
-        load_transformer_policy::<B>(
+        let dtype = match self.dtype {
+            DType::BF16 => WeightDtype::Bf16,
+            _ => WeightDtype::F32,
+        };
+        load_transformer_policy_in::<B>(
             &self.dir.join("transformer"),
             self.variant.as_deref(),
             trainable,
             seed,
+            dtype,
             device,
         )
     }

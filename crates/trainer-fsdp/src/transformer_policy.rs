@@ -33,8 +33,33 @@ pub fn load_transformer_policy<B: AutodiffBackend>(
     seed: u64,
     device: &B::Device,
 ) -> Result<LoadedPolicy<QwenImageTransformer2DModel<B>>, TrainerError> {
+    load_transformer_policy_in::<B>(
+        transformer_dir,
+        variant,
+        trainable,
+        seed,
+        WeightDtype::F32,
+        device,
+    )
+}
+
+/// [`load_transformer_policy`] with the base weights in `dtype` (bf16 converted on the host,
+/// one tensor at a time). A LoRA adapter, fresh or imported, is f32 whatever the base's dtype;
+/// the model takes and gives f32 tensors
+/// ([`QwenImageTransformer2DModel::compute_dtype`]).
+///
+/// # Errors
+/// As [`load_transformer_policy`].
+pub fn load_transformer_policy_in<B: AutodiffBackend>(
+    transformer_dir: &Path,
+    variant: Option<&str>,
+    trainable: &Trainable,
+    seed: u64,
+    dtype: WeightDtype,
+    device: &B::Device,
+) -> Result<LoadedPolicy<QwenImageTransformer2DModel<B>>, TrainerError> {
     let options = LoadOptions {
-        dtype: WeightDtype::F32,
+        dtype,
         hash: true,
         variant: variant.map(str::to_string),
     };

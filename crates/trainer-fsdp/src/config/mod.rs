@@ -9,7 +9,8 @@
 //!
 //! [run]        task, seed, num_rollouts, host_threads (optional; changes no result),
 //!              cpu_budget_seconds (optional: stop once that much CPU time has trained)
-//! [model]      trainable_mode ("full" | "lora"), master_dtype ("fp32" | "bf16", optional)
+//! [model]      trainable_mode ("full" | "lora"), master_dtype ("fp32" | "bf16", optional),
+//!              param_dtype ("fp32" | "bf16", optional: the frozen weights' dtype)
 //! [lora]       rank, alpha, dropout, target_modules (optional), use_rslora, init_from and
 //!              init_dropout (optional: start from an adapter file)   (optional section)
 //! [sampling]   scheduler, schedule_compat ("current" | "diffusers_0_35", optional), height,
@@ -404,6 +405,40 @@ pub struct ModelSection {
     /// The optimizer's master dtype; `None` keeps the loaded dtype.
     #[serde(default)]
     pub master_dtype: Option<MasterDtype>,
+    /// The dtype the frozen weights are held and computed in (`--fsdp-param-dtype`): the
+    /// transformer's base weights, and the Qwen-Image world's text encoder and VAE. `None` is
+    /// `fp32`. `bf16` halves their memory; LoRA adapters stay f32 whatever it is, and the
+    /// sampler and the objectives compute in f32 on the model's f32 output. Implemented for
+    /// the Qwen-Image world.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub param_dtype: Option<ParamDtype>,
+}
+
+/// The dtype of the frozen weights (`--fsdp-param-dtype`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ParamDtype {
+    /// `f32` weights.
+    Fp32,
+    /// `bf16` weights.
+    Bf16,
+}
+
+impl ParamDtype {
+    /// The tensor dtype.
+    pub fn dtype(self) -> burn::tensor::DType {
+        match self {
+            ParamDtype::Fp32 => burn::tensor::DType::F32,
+            ParamDtype::Bf16 => burn::tensor::DType::BF16,
+        }
+    }
+}
+
+impl ModelSection {
+    /// The dtype of the frozen weights (`param_dtype`, `fp32` when absent).
+    pub fn weight_dtype(&self) -> burn::tensor::DType {
+        self.param_dtype.unwrap_or(ParamDtype::Fp32).dtype()
+    }
 }
 
 /// The generator a run trains.

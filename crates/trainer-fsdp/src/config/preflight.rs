@@ -349,6 +349,14 @@ impl TrainConfig {
             });
         }
         if let GeneratorSource::ShapesWorld { .. } = &self.model.generator {
+            if let Some(d @ ParamDtype::Bf16) = self.model.param_dtype {
+                p.push(PreflightProblem::OutOfRange {
+                    key: "model.param_dtype",
+                    given: format!("{d:?}"),
+                    allowed: "fp32 (or absent) in the shapes world: bf16 frozen weights are \
+                              implemented for the Qwen-Image world",
+                });
+            }
             let side = reward::shapes::IMAGE_SIZE as u32;
             for (key, given) in [
                 ("sampling.height", self.sampling.height),

@@ -18,7 +18,7 @@ impl TrainConfig {
     /// * 384x384, 12 steps, guidance 1.0, eta 0.7, `sde`, 3 trained steps redrawn per rollout
     ///   from the pool `[1, 2, 3, 4, 5]`, `sde_indices [3, 4, 5]` as the evaluation fallback;
     /// * LoRA rank 64, alpha 128, dropout 0, the adapter's eight attention projections,
-    ///   fp32 masters;
+    ///   fp32 masters; bf16 frozen weights (`param_dtype`, the seed's `--fsdp-param-dtype`);
     /// * eps_clip `1e-4`, std mode `group`, lr `3e-4`, no warmup, constant schedule, adam eps
     ///   `1e-8`, weight decay 0; `--clip-grad` and the Adam betas are not set by the script and
     ///   keep the shared flags' defaults (1.0; 0.9 / 0.999); no KL;
@@ -46,6 +46,7 @@ impl TrainConfig {
                 },
                 trainable_mode: TrainableMode::Lora,
                 master_dtype: Some(MasterDtype::Fp32),
+                param_dtype: Some(ParamDtype::Bf16),
             },
             lora: Some(LoraSection {
                 rank: 64,
@@ -149,6 +150,7 @@ impl TrainConfig {
             generator: c.model.generator.clone(),
             trainable_mode: TrainableMode::Full,
             master_dtype: None,
+            param_dtype: c.model.param_dtype,
         };
         c.lora = None;
         c.sampling.sde_indices = Some(vec![1, 3, 5]);
@@ -177,7 +179,8 @@ impl TrainConfig {
     ///   per core), LoRA rank 8 / alpha 16 on the eight attention projections, lr `2e-3`
     ///   (constant), 60 rollouts; the held-out evaluation (24 prompts x 48 seeds, a standard
     ///   error below 0.01) at the start and the end;
-    /// * reward: the `shapes` composition score, required, weight 1.
+    /// * reward: the `shapes` composition score, required, weight 1;
+    /// * fp32 weights (the shapes world implements no `param_dtype`).
     ///
     /// Those settings were tuned against the judge's earlier, averaged score, which RL
     /// satisfied by painting the canvas in blobs (`docs/SEEDS.md`). Under the judge as it is
@@ -193,6 +196,7 @@ impl TrainConfig {
         c.model.generator = GeneratorSource::ShapesWorld {
             dir: PathBuf::from("fixtures").join("shapes_world"),
         };
+        c.model.param_dtype = None;
         let lora = c
             .lora
             .as_mut()

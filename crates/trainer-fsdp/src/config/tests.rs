@@ -1154,3 +1154,29 @@ fn eval_steps_are_their_own_schedule() {
         "{text:?}"
     );
 }
+
+#[test]
+fn the_frozen_weights_dtype_is_the_seeds_and_the_shapes_world_refuses_bf16() {
+    // the Qwen-Image recipes hold the frozen weights in bf16 (`--fsdp-param-dtype bf16`)
+    let c = TrainConfig::qwen_image_t2i_lora();
+    assert_eq!(c.model.param_dtype, Some(ParamDtype::Bf16));
+    assert_eq!(c.model.weight_dtype(), burn::tensor::DType::BF16);
+    assert_eq!(
+        TrainConfig::qwen_image_t2i_full().model.param_dtype,
+        Some(ParamDtype::Bf16)
+    );
+    let text = c.to_toml_string().unwrap();
+    assert!(text.contains("param_dtype = \"bf16\""), "{text}");
+    // the shapes world's recipe keeps f32; bf16 there is refused by name
+    let mut s = TrainConfig::shapes_world_lora();
+    assert_eq!(s.model.param_dtype, None);
+    assert_eq!(s.model.weight_dtype(), burn::tensor::DType::F32);
+    s.model.param_dtype = Some(ParamDtype::Bf16);
+    let err = s.preflight().unwrap_err().to_string();
+    assert!(
+        err.contains("model.param_dtype") && err.contains("Qwen-Image world"),
+        "{err}"
+    );
+    s.model.param_dtype = Some(ParamDtype::Fp32);
+    assert!(s.preflight().is_ok());
+}
