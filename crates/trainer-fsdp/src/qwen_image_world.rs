@@ -158,6 +158,14 @@ impl<Bi: Backend> QwenImageWorld<Bi> {
                 "fp32 or bf16",
             ));
         }
+        if !Bi::supports_dtype(device, dtype) {
+            return Err(incompatible(
+                "model.param_dtype",
+                format!("{dtype:?}"),
+                "a dtype this backend computes: it has no bf16 (burn's NdArray and wgpu do not; \
+                 Flex and CUDA do); set model.param_dtype = \"fp32\"",
+            ));
+        }
         let index = PipelineIndex::open(dir)?;
         let dit =
             QwenImageConfig::from_diffusers_json(index.transformer_dir().join("config.json"))?;

@@ -230,6 +230,24 @@ fn the_qwen_image_world_refuses_what_does_not_fit() {
         "{err}"
     );
 
+    // bf16 frozen weights on a backend without bf16 (NdArray), named before anything loads
+    let cfg = tiny_config(root.path(), 1, &[]);
+    let err = trainer_fsdp::qwen_image_world::QwenImageWorld::<burn::backend::NdArray>::load_in(
+        &fixtures().join("qwen_image").join("tiny_pipeline"),
+        None,
+        cfg.model.weight_dtype(),
+        &cfg.sampling,
+        &cfg.data,
+        &cfg.reward.scorers,
+        &Default::default(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("model.param_dtype") && err.contains("BF16") && err.contains("fp32"),
+        "{err}"
+    );
+
     // a schedule other than the directory's own
     let cfg = tiny_config(root.path(), 1, &["sampling.scheduler=\"sd3_5\""]);
     let pre = cfg.preflight().unwrap();
