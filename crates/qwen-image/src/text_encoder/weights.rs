@@ -6,7 +6,7 @@ use std::path::Path;
 
 use burn::module::Param;
 use burn::tensor::backend::Backend;
-use burn::tensor::{Tensor, TensorData};
+use burn::tensor::{DType, Tensor, TensorData};
 use model_weights::{Checkpoint, TRANSFORMERS, transpose};
 
 use super::config::TextEncoderConfig;
@@ -61,6 +61,8 @@ enum Layout {
 struct Reader<'a, B: Backend> {
     ckpt: &'a Checkpoint,
     prefix: &'static str,
+    /// The dtype the tensors are made in (converted on the host).
+    dtype: DType,
     device: &'a B::Device,
 }
 
@@ -84,7 +86,7 @@ impl<B: Backend> Reader<'_, B> {
         }
         Ok(Param::from_tensor(Tensor::from_data(
             TensorData::new(values, shape),
-            self.device,
+            (self.device, self.dtype),
         )))
     }
 
@@ -148,7 +150,8 @@ impl<B: Backend> TextEncoder<B> {
     /// shards of `model.safetensors.index.json`, in either [`KeyLayout`]. The vision tower and
     /// the language-model head are skipped; any other key the text path does not read is an
     /// error, as is a missing or mis-shaped one (all listed at once, before any tensor is
-    /// read). Tensors of any float dtype are converted to `f32`.
+    /// read). Tensors of any float dtype are converted to `f32`
+    /// ([`TextEncoder::from_dir_variant_in`] makes them in another dtype).
     ///
     /// # Errors
     /// [`QwenImageError::Config`] for the configuration, [`QwenImageError::Weights`] for the
@@ -170,10 +173,25 @@ impl<B: Backend> TextEncoder<B> {
         variant: Option<&str>,
         device: &B::Device,
     ) -> Result<(Self, TextEncoderConfig), QwenImageError> {
+        Self::from_dir_variant_in(dir, variant, DType::F32, device)
+    }
+
+    /// [`TextEncoder::from_dir_variant`] with the weights made in `dtype` (bf16: half the
+    /// memory), each tensor converted on the host as it is read, so the device never holds an
+    /// f32 copy. The encoder computes in its weights' dtype.
+    ///
+    /// # Errors
+    /// As [`TextEncoder::from_dir`].
+    pub fn from_dir_variant_in(
+        dir: impl AsRef<Path>,
+        variant: Option<&str>,
+        dtype: DType,
+        device: &B::Device,
+    ) -> Result<(Self, TextEncoderConfig), QwenImageError> {
         let dir = dir.as_ref();
         let config = TextEncoderConfig::from_json_file(dir.join(CONFIG_FILE))?;
         let ckpt = Checkpoint::open_variant(dir, &[TRANSFORMERS], variant)?;
-        let model = Self::load(&ckpt, &config, device)?;
+        let model = Self::load_in(&ckpt, &config, dtype, device)?;
         Ok((model, config))
     }
 
@@ -187,6 +205,19 @@ impl<B: Backend> TextEncoder<B> {
         config: &TextEncoderConfig,
         device: &B::Device,
     ) -> Result<Self, QwenImageError> {
+        Self::load_in(ckpt, config, DType::F32, device)
+    }
+
+    /// [`TextEncoder::load`] with the weights made in `dtype` on the host.
+    ///
+    /// # Errors
+    /// As [`TextEncoder::load`].
+    pub fn load_in(
+        ckpt: &Checkpoint,
+        config: &TextEncoderConfig,
+        dtype: DType,
+        device: &B::Device,
+    ) -> Result<Self, QwenImageError> {
         let layout = KeyLayout::detect(ckpt);
         let prefix = layout.prefix();
         let expected: Vec<(String, Vec<usize>)> = expected_keys(config)
@@ -198,6 +229,7 @@ impl<B: Backend> TextEncoder<B> {
         let r = Reader::<B> {
             ckpt,
             prefix,
+            dtype,
             device,
         };
         let c = config;
