@@ -14,6 +14,10 @@ use burn::tensor::{DType, Tensor};
 /// On an autodiff backend a parameter is untracked before the cast: `Tensor::detach` keeps
 /// the gradient flag, and a tracked cast is not a leaf (marking it would panic).
 ///
+/// The rounding is the backend's own cast; burn-flex 0.21 does not always round f32 to the
+/// nearest bf16. Loaders that can should make the weights in the target dtype on the host as
+/// they read them (`dit_models::WeightDtype::Bf16`, `TextEncoder::from_dir_variant_in`).
+///
 /// ```
 /// use burn::backend::{Autodiff, Flex};
 /// use burn::module::Module;
