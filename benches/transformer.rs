@@ -170,16 +170,6 @@ fn mid_input<B: Backend>(side: usize, device: &B::Device) -> QwenImageInput<B> {
     }
 }
 
-fn clone_input<B: Backend>(i: &QwenImageInput<B>) -> QwenImageInput<B> {
-    QwenImageInput {
-        hidden_states: i.hidden_states.clone(),
-        encoder_hidden_states: i.encoder_hidden_states.clone(),
-        encoder_hidden_states_mask: i.encoder_hidden_states_mask.clone(),
-        timestep: i.timestep.clone(),
-        img_shapes: i.img_shapes.clone(),
-    }
-}
-
 fn mid(c: &mut Criterion) {
     mid_on::<Flex>(c, "flex");
     mid_on::<NdArray>(c, NDARRAY);
@@ -205,7 +195,7 @@ fn mid_on<B: Backend>(c: &mut Criterion, backend: &str) {
         let input = mid_input::<B>(side, &device);
         group.bench_function(format!("forward/{tokens}"), |b| {
             b.iter(|| {
-                let v = model.forward(clone_input(&input));
+                let v = model.forward(input.clone());
                 B::sync(&device).unwrap();
                 v
             })
@@ -213,7 +203,7 @@ fn mid_on<B: Backend>(c: &mut Criterion, backend: &str) {
         let input = mid_input::<Autodiff<B>>(side, &device);
         group.bench_function(format!("forward_backward/{tokens}"), |b| {
             b.iter(|| {
-                let v = trained.forward(clone_input(&input));
+                let v = trained.forward(input.clone());
                 let grads = (v.clone() * v).mean().backward();
                 B::sync(&device).unwrap();
                 grads

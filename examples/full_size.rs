@@ -234,16 +234,6 @@ fn transformer_input<B: Backend>(
     })
 }
 
-fn clone_input<B: Backend>(i: &QwenImageInput<B>) -> QwenImageInput<B> {
-    QwenImageInput {
-        hidden_states: i.hidden_states.clone(),
-        encoder_hidden_states: i.encoder_hidden_states.clone(),
-        encoder_hidden_states_mask: i.encoder_hidden_states_mask.clone(),
-        timestep: i.timestep.clone(),
-        img_shapes: i.img_shapes.clone(),
-    }
-}
-
 fn transformer<A: AutodiffBackend>(args: &Args, device: &A::Device) -> Result<()> {
     let config = transformer_config(args.size);
     config.validate()?;
@@ -284,7 +274,7 @@ fn transformer<A: AutodiffBackend>(args: &Args, device: &A::Device) -> Result<()
         let inner = model.valid();
         let input = transformer_input::<A::InnerBackend>(&config, args, px, device)?;
         measure::<A::InnerBackend>(what("forward", None), args.iters, device, || {
-            let _ = inner.forward_with(clone_input(&input), Adapters::Enabled);
+            let _ = inner.forward_with(input.clone(), Adapters::Enabled);
             Ok(())
         })?;
         drop(inner);
@@ -299,10 +289,9 @@ fn transformer<A: AutodiffBackend>(args: &Args, device: &A::Device) -> Result<()
                 args.iters,
                 device,
                 || {
-                    let out =
-                        model.forward_backward(clone_input(&input), Adapters::Enabled, mode, |v| {
-                            v.cast(DType::F32).powi_scalar(2).mean()
-                        });
+                    let out = model.forward_backward(input.clone(), Adapters::Enabled, mode, |v| {
+                        v.cast(DType::F32).powi_scalar(2).mean()
+                    });
                     let _ = out.loss.into_data();
                     Ok(())
                 },

@@ -23,17 +23,8 @@ import time
 
 import torch
 
-TARGETS = [
-    "to_q",
-    "to_k",
-    "to_v",
-    "to_out.0",
-    "add_q_proj",
-    "add_k_proj",
-    "add_v_proj",
-    "to_add_out",
-]
-
+# The eight attention projections, as in the CPU comparison.
+from transformer_torch import TARGETS  # this directory is on sys.path
 
 DEVICE = "cuda"
 MID_TRANSFORMER = dict(

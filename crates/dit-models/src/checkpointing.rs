@@ -20,8 +20,10 @@ use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Bool, Tensor};
 
+use model_weights::in_dtype;
+
 use crate::layers::Adapters;
-use crate::model::{QwenImageInput, QwenImageTransformer2DModel, in_dtype};
+use crate::model::{QwenImageInput, QwenImageTransformer2DModel};
 
 /// How activations are kept for the backward pass.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

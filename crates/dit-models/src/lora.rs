@@ -359,7 +359,7 @@ impl<B: Backend> QwenImageTransformer2DModel<B> {
             if !a.merged {
                 let delta = a.lora_a.val().matmul(a.lora_b.val()).mul_scalar(a.scale);
                 let w = l.weight.val();
-                let w = (w.clone() + crate::model::in_dtype(delta, w.dtype())).detach();
+                let w = (w.clone() + model_weights::in_dtype(delta, w.dtype())).detach();
                 set_param(&mut l.weight, w, false);
                 a.merged = true;
             }
@@ -374,7 +374,7 @@ impl<B: Backend> QwenImageTransformer2DModel<B> {
             if a.merged {
                 let delta = a.lora_a.val().matmul(a.lora_b.val()).mul_scalar(a.scale);
                 let w = l.weight.val();
-                let w = (w.clone() - crate::model::in_dtype(delta, w.dtype())).detach();
+                let w = (w.clone() - model_weights::in_dtype(delta, w.dtype())).detach();
                 set_param(&mut l.weight, w, false);
                 a.merged = false;
             }

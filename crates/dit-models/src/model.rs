@@ -5,6 +5,8 @@ use burn::module::Module;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Bool, DType, Tensor, TensorData};
 
+use model_weights::in_dtype;
+
 use crate::attention::joint_attention;
 use crate::config::{NORM_EPS, QwenImageConfig};
 use crate::layers::{Adapters, Linear, LinearConfig, RmsNorm, RmsNormConfig, gelu_tanh, silu};
@@ -209,11 +211,6 @@ pub struct QwenImageInput<B: Backend> {
     /// The token grids of the images in `hidden_states`, in order; shared by the batch (as in
     /// diffusers, which reads only `img_shapes[0]`). Their token counts sum to `image_tokens`.
     pub img_shapes: Vec<ImageShape>,
-}
-
-/// `t` in `dtype`; `t` itself (no cast, no graph node) when it has that dtype already.
-pub(crate) fn in_dtype<B: Backend, const D: usize>(t: Tensor<B, D>, dtype: DType) -> Tensor<B, D> {
-    if t.dtype() == dtype { t } else { t.cast(dtype) }
 }
 
 impl<B: Backend> QwenImageInput<B> {

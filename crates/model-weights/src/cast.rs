@@ -34,6 +34,12 @@ pub fn cast_float_params<B: Backend, M: Module<B>>(module: M, dtype: DType) -> M
     module.map(&mut CastFloat(dtype))
 }
 
+/// `t` in `dtype`; `t` itself (no cast, no graph node) when it has that dtype already: the
+/// boundary of a model that computes in its weights' dtype.
+pub fn in_dtype<B: Backend, const D: usize>(t: Tensor<B, D>, dtype: DType) -> Tensor<B, D> {
+    if t.dtype() == dtype { t } else { t.cast(dtype) }
+}
+
 struct CastFloat(DType);
 
 impl<B: Backend> ModuleMapper<B> for CastFloat {

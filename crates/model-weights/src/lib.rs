@@ -35,7 +35,7 @@ mod hash;
 mod report;
 mod transformers_config;
 
-pub use cast::cast_float_params;
+pub use cast::{cast_float_params, in_dtype};
 pub use checkpoint::{Checkpoint, DIFFUSERS, Layout, TRANSFORMERS, TensorMeta, variant_name};
 pub use convert::{FloatDtype, FloatValues, decode, decode_f32, decode_f64, transpose};
 pub use error::WeightsError;

@@ -16,7 +16,7 @@ use serde_json::Value;
 
 mod support;
 
-use support::{TOL, fixtures, max_abs_err_where, rows, strings, values};
+use support::{BF16_VS_PYTORCH, TOL, fixtures, max_abs_err_where, rows, strings, values};
 
 fn fixture() -> Value {
     support::fixture("text_encoder.json")
@@ -384,20 +384,6 @@ fn the_text_encoder_runs_in_its_weights_dtype() {
     assert!(err <= TOL, "f64 against f32: {err:e} > {TOL:e}");
 }
 
-/// How much further than PyTorch's bf16 forward of the same weights flowrl's bf16 forward may
-/// stray from the f32 reference (`fixtures/qwen_image/bf16.json`, from
-/// `fixtures/generate/bf16_fixtures.py`).
-const BF16_VS_PYTORCH: f64 = 1.5;
-
-#[test]
-fn the_bf16_factor_is_the_recorded_one() {
-    let f = support::fixture("bf16.json");
-    assert_eq!(
-        f["tolerance"]["bf16_vs_pytorch"].as_f64(),
-        Some(BF16_VS_PYTORCH)
-    );
-}
-
 /// The text encoder in bf16 (which Flex computes, as a GPU does): its last hidden state strays
 /// from transformers' f32 one no further than transformers' own bf16 forward does (times
 /// [`BF16_VS_PYTORCH`]), and the prompt embeddings come out in bf16, padding rows included.
@@ -405,7 +391,7 @@ fn the_bf16_factor_is_the_recorded_one() {
 fn the_text_encoder_in_bf16_is_as_accurate_as_pytorchs() {
     let device = Default::default();
     let f = fixture();
-    let bf16 = support::fixture("bf16.json");
+    let bf16 = support::bf16_fixture();
     let index = qwen_image::PipelineIndex::open(pipeline()).unwrap();
     let c =
         qwen_image::FrozenComponents::<Flex>::load_in(index, None, DType::BF16, &device).unwrap();

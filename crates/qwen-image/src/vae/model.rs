@@ -14,13 +14,10 @@ use burn::tensor::module::conv2d;
 use burn::tensor::ops::ConvOptions;
 use burn::tensor::{DType, Tensor, TensorData};
 
+use model_weights::in_dtype;
+
 use crate::error::QwenImageError;
 use crate::latents::{latent_size, unpack_latents};
-
-/// `t` in `dtype`; `t` itself when it has that dtype already.
-fn in_dtype<B: Backend, const D: usize>(t: Tensor<B, D>, dtype: DType) -> Tensor<B, D> {
-    if t.dtype() == dtype { t } else { t.cast(dtype) }
-}
 
 /// A 2D convolution, weight `[out, in, k, k]` (PyTorch's layout).
 #[derive(Module, Debug)]

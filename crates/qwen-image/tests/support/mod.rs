@@ -31,6 +31,22 @@ pub fn fixture(file: &str) -> Value {
     v
 }
 
+/// How much further than PyTorch's bf16 run of the same weights flowrl's bf16 run may stray
+/// from the f32 reference.
+pub const BF16_VS_PYTORCH: f64 = 1.5;
+
+/// `bf16.json` (PyTorch's bf16 outputs, from `fixtures/generate/bf16_fixtures.py`), its
+/// recorded factor checked against [`BF16_VS_PYTORCH`].
+pub fn bf16_fixture() -> Value {
+    let v = fixture("bf16.json");
+    assert_eq!(
+        v["tolerance"]["bf16_vs_pytorch"].as_f64(),
+        Some(BF16_VS_PYTORCH),
+        "bf16 factor recorded in bf16.json differs"
+    );
+    v
+}
+
 /// A fixture tensor (`{"shape", "data"}`) as (shape, values).
 pub fn values(v: &Value) -> (Vec<usize>, Vec<f32>) {
     let shape = v["shape"]
