@@ -152,7 +152,7 @@ pub(crate) fn forward(
 crate::kernels::simd_dispatch!(
     /// `out = (out + bias) + scale * delta` per row of `cols`, each term only when present
     /// (burn's order: the bias onto the product, then the scaled adapter term).
-    add_bias_and_delta, add_bias_and_delta_avx2,
+    add_bias_and_delta, add_bias_and_delta_avx2, add_bias_and_delta_avx512,
     (out: &mut [f32], cols: usize, bias: Option<&[f32]>, delta: Option<&[f32]>, scale: f32),
     match (bias, delta) {
         (Some(b), Some(d)) => {

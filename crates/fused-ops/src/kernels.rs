@@ -1,6 +1,7 @@
 //! The kernels on plain `f32` slices: no tensor types, so each is a loop the compiler
-//! vectorises (AVX2 where the CPU has it, chosen at run time; SSE2 otherwise, the same bits:
-//! no multiply-add is contracted on either path).
+//! vectorises (AVX-512 or AVX2 where the CPU has it, chosen at run time; SSE2 otherwise). Every
+//! path gives the same bits: no multiply-add is contracted on any of them, and the sums keep
+//! the order their source writes (8 explicit lanes), which no vector width changes.
 
 use rayon::prelude::*;
 
@@ -67,15 +68,55 @@ fn gelu_grad_one(x: f32, g: f32) -> f32 {
     g * (s + x * s * (1.0 - s) * (C0 + 3.0 * C1 * x2))
 }
 
+/// The widest path [`simd_dispatch`]'s kernels may take on this thread: 0 portable, 1 AVX2,
+/// 2 AVX-512F (each where the CPU has it). 2 unless [`with_simd_cap`] lowers it.
+#[inline(always)]
+pub(crate) fn simd_cap() -> u8 {
+    SIMD_CAP.with(|c| c.get())
+}
+
+thread_local! {
+    static SIMD_CAP: std::cell::Cell<u8> = const { std::cell::Cell::new(2) };
+}
+
+/// Runs `f` with the CPU kernels' instruction sets capped for this thread: 0 portable, 1 up
+/// to AVX2, 2 up to AVX-512F (the default). Every path gives the same bits; this exists so
+/// that a test can hold them to it. A kernel that splits its work over rayon's pool runs the
+/// parts on the pool's threads, which keep their own cap: call it inside a one-thread pool's
+/// `install`.
+#[doc(hidden)]
+pub fn with_simd_cap<R>(cap: u8, f: impl FnOnce() -> R) -> R {
+    /// Puts the previous cap back, also when `f` panics.
+    struct Restore(u8);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            SIMD_CAP.with(|c| c.set(self.0));
+        }
+    }
+    let _restore = Restore(SIMD_CAP.with(|c| c.replace(cap)));
+    f()
+}
+
 macro_rules! simd_dispatch {
-    ($(#[$doc:meta])* $name:ident, $avx2:ident, ($($arg:ident: $ty:ty),*), $body:expr) => {
+    (
+        $(#[$doc:meta])* $name:ident, $avx2:ident, $avx512:ident,
+        ($($arg:ident: $ty:ty),*), $body:expr
+    ) => {
         $(#[$doc])*
         #[allow(clippy::too_many_arguments)]
         pub(crate) fn $name($($arg: $ty),*) {
             #[cfg(target_arch = "x86_64")]
-            if std::is_x86_feature_detected!("avx2") {
-                // SAFETY: the CPU was just checked for AVX2, the one feature enabled.
-                return unsafe { $avx2($($arg),*) };
+            {
+                let cap = $crate::kernels::simd_cap();
+                if cap >= 2 && std::is_x86_feature_detected!("avx512f") {
+                    // SAFETY: the CPU was just checked for AVX-512F, the feature enabled (with
+                    // those it implies).
+                    return unsafe { $avx512($($arg),*) };
+                }
+                if cap >= 1 && std::is_x86_feature_detected!("avx2") {
+                    // SAFETY: the CPU was just checked for AVX2, the one feature enabled.
+                    return unsafe { $avx2($($arg),*) };
+                }
             }
             $body
         }
@@ -86,13 +127,20 @@ macro_rules! simd_dispatch {
         unsafe fn $avx2($($arg: $ty),*) {
             $body
         }
+
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = "avx512f")]
+        #[allow(clippy::too_many_arguments)]
+        unsafe fn $avx512($($arg: $ty),*) {
+            $body
+        }
     };
 }
 pub(crate) use simd_dispatch;
 
 simd_dispatch!(
     /// `y = gelu_tanh(x)`, one thread.
-    gelu_serial, gelu_serial_avx2, (x: &[f32], y: &mut [f32]),
+    gelu_serial, gelu_serial_avx2, gelu_serial_avx512, (x: &[f32], y: &mut [f32]),
     for (y, x) in y.iter_mut().zip(x) {
         *y = gelu_one(*x);
     }
@@ -100,7 +148,7 @@ simd_dispatch!(
 
 simd_dispatch!(
     /// `out = g * gelu_tanh'(x)`, one thread.
-    gelu_grad_serial, gelu_grad_serial_avx2, (x: &[f32], g: &[f32], out: &mut [f32]),
+    gelu_grad_serial, gelu_grad_serial_avx2, gelu_grad_serial_avx512, (x: &[f32], g: &[f32], out: &mut [f32]),
     for ((o, x), g) in out.iter_mut().zip(x).zip(g) {
         *o = gelu_grad_one(*x, *g);
     }
@@ -220,7 +268,7 @@ fn rope_batch(
 
 simd_dispatch!(
     /// One batch row of [`rope`], vectorised where the CPU allows.
-    rope_batch_simd, rope_batch_avx2,
+    rope_batch_simd, rope_batch_avx2, rope_batch_avx512,
     (x: &[f32], xr: &Rows, cos: &[f32], sin: &[f32], out: &mut [f32], or: &Rows, turn: Turn),
     rope_batch(x, xr, cos, sin, out, or, turn)
 );

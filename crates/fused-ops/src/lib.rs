@@ -33,6 +33,9 @@ pub mod reference;
 mod sdpa;
 mod step;
 
+#[doc(hidden)]
+pub use kernels::with_simd_cap;
+
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Bool, DType, Tensor};

@@ -82,7 +82,7 @@ fn moments(x: &[f32], eps: f32) -> (f32, f32) {
 simd_dispatch!(
     /// One batch row of [`layer_norm_modulated`]: `tokens` rows of `x` and `y`, one row of
     /// `shift` and `scale`.
-    ln_mod_batch, ln_mod_batch_avx2,
+    ln_mod_batch, ln_mod_batch_avx2, ln_mod_batch_avx512,
     (x: &[f32], shift: &[f32], scale: &[f32], eps: f32, y: &mut [f32], mean: &mut [f32], rstd: &mut [f32]),
     {
         let dim = shift.len();
@@ -166,7 +166,7 @@ pub(crate) struct LnModGrads<'a> {
 
 simd_dispatch!(
     /// One batch row of [`layer_norm_modulated_backward`].
-    ln_mod_grad_batch, ln_mod_grad_batch_avx2,
+    ln_mod_grad_batch, ln_mod_grad_batch_avx2, ln_mod_grad_batch_avx512,
     (x: &[f32], scale: &[f32], mean: &[f32], rstd: &[f32], g: &[f32], dx: Option<&mut [f32]>, dshift: Option<&mut [f32]>, dscale: Option<&mut [f32]>),
     {
         let dim = scale.len();
@@ -255,7 +255,7 @@ pub(crate) fn layer_norm_modulated_backward(
 
 simd_dispatch!(
     /// One batch row of [`gated_residual`].
-    gated_batch, gated_batch_avx2,
+    gated_batch, gated_batch_avx2, gated_batch_avx512,
     (x: &[f32], r: &[f32], gate: &[f32], y: &mut [f32]),
     {
         let dim = gate.len();
@@ -295,7 +295,7 @@ pub(crate) fn gated_residual(sh: Tokens, x: &[f32], r: &[f32], gate: &[f32], y: 
 
 simd_dispatch!(
     /// One batch row of [`gated_residual_backward`].
-    gated_grad_batch, gated_grad_batch_avx2,
+    gated_grad_batch, gated_grad_batch_avx2, gated_grad_batch_avx512,
     (r: &[f32], gate: &[f32], g: &[f32], dr: Option<&mut [f32]>, dgate: Option<&mut [f32]>),
     {
         let dim = gate.len();
@@ -357,7 +357,7 @@ pub(crate) fn gated_residual_backward(
 
 simd_dispatch!(
     /// Rows of [`rms_norm`].
-    rms_rows, rms_rows_avx2,
+    rms_rows, rms_rows_avx2, rms_rows_avx512,
     (x: &[f32], w: &[f32], eps: f32, y: &mut [f32], rstd: &mut [f32]),
     {
         let dim = w.len();
@@ -408,7 +408,7 @@ pub(crate) fn rms_norm(x: &[f32], w: &[f32], eps: f32, y: &mut [f32], rstd: &mut
 simd_dispatch!(
     /// Rows of [`rms_norm_backward`]: `dx` for each row, and the row terms of `dw` added into
     /// `dw` (one partial sum per block of rows).
-    rms_grad_rows, rms_grad_rows_avx2,
+    rms_grad_rows, rms_grad_rows_avx2, rms_grad_rows_avx512,
     (x: &[f32], w: &[f32], rstd: &[f32], g: &[f32], dx: Option<&mut [f32]>, dw: Option<&mut [f64]>),
     {
         let dim = w.len();

@@ -231,7 +231,7 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 
 crate::kernels::simd_dispatch!(
     /// [`softmax_row`] over the rows of a block, log-sum-exps into `lse`.
-    softmax_rows, softmax_rows_avx2,
+    softmax_rows, softmax_rows_avx2, softmax_rows_avx512,
     (s: &mut [f32], cols: usize, keep: Option<&[bool]>, lse: &mut [f32]),
     for (row, l) in s.chunks_exact_mut(cols).zip(lse.iter_mut()) {
         *l = softmax_row(row, keep);
@@ -240,7 +240,7 @@ crate::kernels::simd_dispatch!(
 
 crate::kernels::simd_dispatch!(
     /// [`probabilities_row`] over the rows of a block.
-    probabilities_rows, probabilities_rows_avx2,
+    probabilities_rows, probabilities_rows_avx2, probabilities_rows_avx512,
     (s: &mut [f32], cols: usize, keep: Option<&[bool]>, lse: &[f32]),
     for (row, l) in s.chunks_exact_mut(cols).zip(lse) {
         probabilities_row(row, keep, *l);
@@ -249,7 +249,7 @@ crate::kernels::simd_dispatch!(
 
 crate::kernels::simd_dispatch!(
     /// [`scores_grad_row`] over the rows of a block.
-    scores_grad_rows, scores_grad_rows_avx2,
+    scores_grad_rows, scores_grad_rows_avx2, scores_grad_rows_avx512,
     (p: &[f32], dp: &mut [f32], cols: usize, delta: &[f32], scale: f32),
     for ((p, dp), delta) in p.chunks_exact(cols).zip(dp.chunks_exact_mut(cols)).zip(delta) {
         scores_grad_row(p, dp, *delta, scale);
@@ -258,7 +258,7 @@ crate::kernels::simd_dispatch!(
 
 crate::kernels::simd_dispatch!(
     /// `delta[i] = sum over c of g[i, c] o[i, c]`, rows of `cols`.
-    row_dots, row_dots_avx2,
+    row_dots, row_dots_avx2, row_dots_avx512,
     (g: &[f32], o: &[f32], cols: usize, delta: &mut [f32]),
     for ((g, o), d) in g.chunks_exact(cols).zip(o.chunks_exact(cols)).zip(delta.iter_mut()) {
         *d = dot(g, o);

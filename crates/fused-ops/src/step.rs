@@ -62,7 +62,7 @@ impl Rows {
 
 simd_dispatch!(
     /// `out = x a + v c`.
-    combine_serial, combine_serial_avx2,
+    combine_serial, combine_serial_avx2, combine_serial_avx512,
     (x: &[f32], a: f32, v: &[f32], c: f32, out: &mut [MaybeUninit<f32>]),
     for ((o, x), v) in out.iter_mut().zip(x).zip(v) {
         o.write(*x * a + *v * c);
@@ -71,7 +71,7 @@ simd_dispatch!(
 
 simd_dispatch!(
     /// `out = x + v c`: [`combine_serial`] with `a = 1`, the same bits (`x * 1 == x`).
-    add_scaled_serial, add_scaled_serial_avx2,
+    add_scaled_serial, add_scaled_serial_avx2, add_scaled_serial_avx512,
     (x: &[f32], v: &[f32], c: f32, out: &mut [MaybeUninit<f32>]),
     for ((o, x), v) in out.iter_mut().zip(x).zip(v) {
         o.write(*x + *v * c);
@@ -80,7 +80,7 @@ simd_dispatch!(
 
 simd_dispatch!(
     /// `out = x a`.
-    scale_serial, scale_serial_avx2,
+    scale_serial, scale_serial_avx2, scale_serial_avx512,
     (x: &[f32], a: f32, out: &mut [MaybeUninit<f32>]),
     for (o, x) in out.iter_mut().zip(x) {
         o.write(*x * a);
@@ -152,7 +152,7 @@ pub(crate) fn combine(
 simd_dispatch!(
     /// `sum (p - m)^2`, the differences in `f32` (as the composition forms them), their
     /// squares and the sum in `f64`, in 8 lanes added in a fixed order.
-    square_residual_sum, square_residual_sum_avx2,
+    square_residual_sum, square_residual_sum_avx2, square_residual_sum_avx512,
     (p: &[f32], m: &[f32], out: &mut f64),
     {
         let mut acc = [0f64; 8];
@@ -215,7 +215,7 @@ pub(crate) fn mean_square_residual(sh: Rows, p: &[f32], m: &[f32], out: &mut [f3
 
 simd_dispatch!(
     /// `out = (p - m) s`.
-    scaled_difference_serial, scaled_difference_serial_avx2,
+    scaled_difference_serial, scaled_difference_serial_avx2, scaled_difference_serial_avx512,
     (p: &[f32], m: &[f32], s: f32, out: &mut [MaybeUninit<f32>]),
     for ((o, p), m) in out.iter_mut().zip(p).zip(m) {
         o.write((*p - *m) * s);
@@ -268,7 +268,7 @@ fn bf16_round_one(x: f32) -> f32 {
 
 simd_dispatch!(
     /// `out = bf16_round(x)`, one thread.
-    round_bf16_serial, round_bf16_serial_avx2, (x: &[f32], out: &mut [MaybeUninit<f32>]),
+    round_bf16_serial, round_bf16_serial_avx2, round_bf16_serial_avx512, (x: &[f32], out: &mut [MaybeUninit<f32>]),
     for (o, x) in out.iter_mut().zip(x) {
         o.write(bf16_round_one(*x));
     }
@@ -288,7 +288,7 @@ pub(crate) fn round_bf16(x: &[f32], out: &mut [MaybeUninit<f32>]) {
 
 simd_dispatch!(
     /// `x` rounded to bfloat16 and back, in place, one thread.
-    round_bf16_in_place, round_bf16_in_place_avx2, (x: &mut [f32]),
+    round_bf16_in_place, round_bf16_in_place_avx2, round_bf16_in_place_avx512, (x: &mut [f32]),
     for x in x.iter_mut() {
         *x = bf16_round_one(*x);
     }

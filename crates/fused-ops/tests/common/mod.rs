@@ -53,9 +53,17 @@ pub fn random<B: Backend, const D: usize>(shape: [usize; D], scale: f64) -> Tens
         d.set(n + 1);
         n
     });
+    random_keyed(draw, shape, scale)
+}
+
+/// The `key`-th tensor of [`random`]'s sequence, whatever the thread has drawn before.
+pub fn random_keyed<B: Backend, const D: usize>(
+    key: u64,
+    shape: [usize; D],
+    scale: f64,
+) -> Tensor<B, D> {
     let len: usize = shape.iter().product();
-    let mut rng =
-        keyed_rng::SplitMix64::new(0xF05E_D000 ^ draw.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    let mut rng = keyed_rng::SplitMix64::new(0xF05E_D000 ^ key.wrapping_mul(0x9E37_79B9_7F4A_7C15));
     let mut values = Vec::with_capacity(len + 1);
     while values.len() < len {
         // Box-Muller: two normals per pair of uniforms
