@@ -16,12 +16,60 @@ use crate::modulation;
 use crate::sdpa;
 
 /// `t` with a contiguous buffer that starts at its first element.
+///
+/// An `f32` tensor of at most four axes whose last axis is contiguous (a transposed or permuted
+/// view, such as a gradient arriving through `swap_dims`) is copied a last-axis row at a time;
+/// burn-flex's own copy walks such a layout element by element.
 pub(crate) fn contiguous(t: FlexTensor) -> FlexTensor {
     if t.as_slice::<f32>().is_some() {
-        t
-    } else {
-        t.to_contiguous()
+        return t;
     }
+    match padded_rows(&t) {
+        Some(xr) => {
+            let dims = t.layout().shape().to_vec();
+            let mut out = vec![0f32; xr.dims.iter().product()];
+            kernels::copy_rows(
+                t.storage::<f32>(),
+                &xr,
+                &mut out,
+                &Rows::token_major(xr.dims),
+            );
+            from_vec(out, &dims)
+        }
+        None => t.to_contiguous(),
+    }
+}
+
+/// Rows shorter than this are left to burn-flex's copy.
+const MIN_COPY_ROW: usize = 8;
+
+/// The rows of an `f32` tensor of one to four axes as a 4-d layout (leading axes of one
+/// added), when its last axis is contiguous, at least [`MIN_COPY_ROW`] long, and its other
+/// strides are not negative.
+fn padded_rows(t: &FlexTensor) -> Option<Rows> {
+    let l = t.layout();
+    let (st, sh) = (l.strides(), l.shape());
+    let rank = st.len();
+    if t.dtype() != burn::tensor::DType::F32
+        || !(1..=4).contains(&rank)
+        || st[rank - 1] != 1
+        || sh[rank - 1] < MIN_COPY_ROW
+        || st.iter().any(|s| *s < 0)
+    {
+        return None;
+    }
+    let (mut dims, mut strides) = ([1usize; 4], [0usize; 3]);
+    for a in 0..rank {
+        dims[4 - rank + a] = sh[a];
+        if a + 1 < rank {
+            strides[4 - rank + a] = st[a] as usize;
+        }
+    }
+    Some(Rows {
+        dims,
+        strides,
+        offset: l.start_offset(),
+    })
 }
 
 pub(crate) fn slice(t: &FlexTensor) -> &[f32] {
@@ -831,5 +879,47 @@ pub(crate) fn linear_autodiff(
             bias.map(|b| b.primitive),
             lora.map(|(a, b, s)| (a.primitive, b.primitive, s)),
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn counting(dims: &[usize]) -> FlexTensor {
+        let n: usize = dims.iter().product();
+        from_vec((0..n).map(|i| i as f32 * 0.5 - 3.0).collect(), dims)
+    }
+
+    fn bits(t: &FlexTensor) -> (Vec<usize>, Vec<u32>) {
+        let c = t.to_contiguous();
+        let v = c.as_slice::<f32>().expect("contiguous").to_vec();
+        (
+            c.layout().shape().to_vec(),
+            v.into_iter().map(f32::to_bits).collect(),
+        )
+    }
+
+    #[test]
+    fn a_row_wise_copy_gives_burns_contiguous_tensor() {
+        let views = [
+            // attention's gradient: [b, h, s, d] over [b, s, h, d] memory
+            counting(&[2, 5, 3, 16]).transpose(1, 2),
+            counting(&[3, 4, 2, 8]).permute(&[2, 0, 1, 3]),
+            counting(&[4, 6, 9, 12]).narrow(2, 3, 5).transpose(0, 1),
+            counting(&[7, 5, 10]).transpose(0, 1),
+            counting(&[6, 20]).narrow(1, 4, 9),
+            // short rows and a transposed last axis: burn-flex's copy
+            counting(&[2, 3, 4]).transpose(0, 1),
+            counting(&[5, 9, 12]).transpose(1, 2),
+        ];
+        for (i, v) in views.into_iter().enumerate() {
+            assert!(v.as_slice::<f32>().is_none(), "view {i} is strided");
+            assert_eq!(padded_rows(&v).is_some(), i < 5, "view {i}: which copy");
+            let want = bits(&v);
+            let got = contiguous(v);
+            assert!(got.as_slice::<f32>().is_some(), "view {i} made contiguous");
+            assert_eq!(bits(&got), want, "view {i}");
+        }
     }
 }
