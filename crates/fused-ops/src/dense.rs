@@ -11,7 +11,7 @@
 //! gives the bits of one call. The weights' gradients are sums over every row, one product
 //! each.
 
-use crate::sdpa::{matmul, row_major, transposed};
+use crate::sdpa::{matmul, row_major, transpose, transposed};
 
 /// Products of at least this many multiply-adds split over rayon's pool (gemm's own
 /// splitting); smaller ones run on the calling thread.
@@ -294,10 +294,14 @@ pub(crate) fn backward(
             None => (0..batch).map(|_| None).collect(),
         };
         let adapter = lora.map(|(l, _)| l);
+        // `Wᵀ` and `Aᵀ` written out once for every matrix of the batch: gemm copies a matrix
+        // it reads transposed one element at a time, once per product.
+        let wt = transpose(w, d_in, d_out);
+        let at = adapter.map(|l| (transpose(l.a, d_in, rank), l.scale));
         let one = |(i, (dx, gb)): (usize, (&mut [f32], Option<&[f32]>)), par| {
             let g = &g[i * per * d_out..(i + 1) * per * d_out];
-            // SAFETY: row-major `[per, d_out]`, `[d_in, d_out]` read transposed, `[per, d_in]`,
-            // `[per, rank]`, `[d_in, rank]` read transposed; no overlap.
+            // SAFETY: row-major `[per, d_out]`, `[d_out, d_in]`, `[per, d_in]`, `[per, rank]`,
+            // `[rank, d_in]`; no overlap.
             unsafe {
                 matmul(
                     [per, d_in, d_out],
@@ -306,12 +310,12 @@ pub(crate) fn backward(
                     false,
                     g.as_ptr(),
                     row_major(d_out),
-                    w.as_ptr(),
-                    transposed(d_out),
+                    wt.as_ptr(),
+                    row_major(d_in),
                     1.0,
                     par,
                 );
-                if let (Some(l), Some(gb)) = (adapter, gb) {
+                if let (Some((at, scale)), Some(gb)) = (at.as_ref(), gb) {
                     matmul(
                         [per, d_in, rank],
                         dx.as_mut_ptr(),
@@ -319,9 +323,9 @@ pub(crate) fn backward(
                         true,
                         gb.as_ptr(),
                         row_major(rank),
-                        l.a.as_ptr(),
-                        transposed(rank),
-                        l.scale,
+                        at.as_ptr(),
+                        row_major(d_in),
+                        *scale,
                         par,
                     );
                 }

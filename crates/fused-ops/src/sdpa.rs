@@ -108,6 +108,29 @@ pub(crate) fn transposed(cols: usize) -> [isize; 2] {
     [cols as isize, 1]
 }
 
+/// The transpose of a row-major `[rows, cols]` matrix, row-major `[cols, rows]`, in tiles
+/// that stay in cache.
+pub(crate) fn transpose(src: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    const TILE: usize = 16;
+    assert_eq!(
+        src.len(),
+        rows * cols,
+        "transpose: {} elements for [{rows}, {cols}]",
+        src.len()
+    );
+    let mut dst = vec![0f32; rows * cols];
+    for r0 in (0..rows).step_by(TILE) {
+        for c0 in (0..cols).step_by(TILE) {
+            for r in r0..(r0 + TILE).min(rows) {
+                for c in c0..(c0 + TILE).min(cols) {
+                    dst[c * rows + r] = src[r * cols + c];
+                }
+            }
+        }
+    }
+    dst
+}
+
 /// Sums of 8 lanes: a float reduction the compiler vectorises (it keeps a plain fold's order).
 #[inline(always)]
 fn lanes_sum(lanes: [f32; 8]) -> f32 {
@@ -266,10 +289,11 @@ crate::kernels::simd_dispatch!(
 );
 
 /// The scaled scores `s = scale · q kᵀ` of a block of query rows `q: [m, d]` against every
-/// key `k: [seq_kv, d]`, into `s: [m, seq_kv]`.
-fn block_scores(q: &[f32], k: &[f32], [m, seq_kv, d]: [usize; 3], scale: f32, s: &mut [f32]) {
+/// key, given as `kt = kᵀ: [d, seq_kv]` (written out once per head: gemm would copy a
+/// transposed `k` one element at a time for every block), into `s: [m, seq_kv]`.
+fn block_scores(q: &[f32], kt: &[f32], [m, seq_kv, d]: [usize; 3], scale: f32, s: &mut [f32]) {
     assert!(
-        q.len() == m * d && k.len() == seq_kv * d && s.len() == m * seq_kv,
+        q.len() == m * d && kt.len() == seq_kv * d && s.len() == m * seq_kv,
         "attention: a score block of {} elements for {m} queries and {seq_kv} keys",
         s.len()
     );
@@ -282,8 +306,8 @@ fn block_scores(q: &[f32], k: &[f32], [m, seq_kv, d]: [usize; 3], scale: f32, s:
             false,
             q.as_ptr(),
             row_major(d),
-            k.as_ptr(),
-            transposed(d),
+            kt.as_ptr(),
+            row_major(seq_kv),
             scale,
             gemm::Parallelism::None,
         );
@@ -361,11 +385,12 @@ pub(crate) fn forward(
             &v[u * seq_kv * dv..(u + 1) * seq_kv * dv],
         );
         let keep = keep_of(keep, u / heads, seq_kv);
+        let kt = transpose(k, seq_kv, d);
         let mut s = vec![0f32; rows * seq_kv];
         for r0 in (0..seq_q).step_by(rows) {
             let m = rows.min(seq_q - r0);
             let s = &mut s[..m * seq_kv];
-            block_scores(&q[r0 * d..(r0 + m) * d], k, [m, seq_kv, d], scale, s);
+            block_scores(&q[r0 * d..(r0 + m) * d], &kt, [m, seq_kv, d], scale, s);
             softmax_rows(s, seq_kv, keep, &mut lse[r0..r0 + m]);
             // SAFETY: out's block is [m, dv] from row r0, s is [m, seq_kv], v [seq_kv, dv]:
             // every index is in bounds.
@@ -441,6 +466,7 @@ pub(crate) fn backward(sh: &Shape, saved: &Saved, g: &[f32]) -> [Vec<f32>; 3] {
         );
         let lse = &saved.lse[u * seq_q..(u + 1) * seq_q];
         let keep = keep_of(saved.keep, u / heads, seq_kv);
+        let (kt, vt) = (transpose(k, seq_kv, d), transpose(v, seq_kv, dv));
         let mut delta = vec![0f32; seq_q];
         row_dots(g, o, dv, &mut delta);
         let mut p = vec![0f32; rows * seq_kv];
@@ -449,7 +475,7 @@ pub(crate) fn backward(sh: &Shape, saved: &Saved, g: &[f32]) -> [Vec<f32>; 3] {
             let m = rows.min(seq_q - r0);
             let (p, ds) = (&mut p[..m * seq_kv], &mut ds[..m * seq_kv]);
             let first = r0 == 0;
-            block_scores(&q[r0 * d..(r0 + m) * d], k, [m, seq_kv, d], scale, p);
+            block_scores(&q[r0 * d..(r0 + m) * d], &kt, [m, seq_kv, d], scale, p);
             probabilities_rows(p, seq_kv, keep, &lse[r0..r0 + m]);
             // SAFETY: the blocks of q, g and dq start at row r0 and hold m rows; k, v, dk
             // and dv hold seq_kv rows; p and ds are [m, seq_kv]. Every index is in bounds.
@@ -475,8 +501,8 @@ pub(crate) fn backward(sh: &Shape, saved: &Saved, g: &[f32]) -> [Vec<f32>; 3] {
                     false,
                     g[r0 * dv..].as_ptr(),
                     row_major(dv),
-                    v.as_ptr(),
-                    transposed(dv),
+                    vt.as_ptr(),
+                    row_major(seq_kv),
                     1.0,
                     gemm::Parallelism::None,
                 );
@@ -518,6 +544,25 @@ pub(crate) fn backward(sh: &Shape, saved: &Saved, g: &[f32]) -> [Vec<f32>; 3] {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The tiled transpose puts every element where the plain definition does, on shapes that
+    /// are and are not multiples of the tile.
+    #[test]
+    fn transpose_moves_every_element() {
+        for (rows, cols) in [(1, 1), (3, 5), (16, 16), (17, 40), (76, 64), (8, 129)] {
+            let src: Vec<f32> = (0..rows * cols).map(|i| i as f32).collect();
+            let t = transpose(&src, rows, cols);
+            for r in 0..rows {
+                for c in 0..cols {
+                    assert_eq!(
+                        t[c * rows + r],
+                        src[r * cols + c],
+                        "[{rows}, {cols}] at ({r}, {c})"
+                    );
+                }
+            }
+        }
+    }
 
     /// The softmax of a row against `f64`, with masked keys and a NaN.
     #[test]
