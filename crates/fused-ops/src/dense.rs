@@ -11,7 +11,8 @@
 //! gives the bits of one call. The weights' gradients are sums over every row, one product
 //! each.
 
-use crate::sdpa::{matmul, row_major, transpose, transposed};
+use crate::kernels::transpose;
+use crate::sdpa::{matmul, row_major, transposed};
 
 /// Products of at least this many multiply-adds split over rayon's pool (gemm's own
 /// splitting); smaller ones run on the calling thread.

@@ -138,6 +138,98 @@ macro_rules! simd_dispatch {
 }
 pub(crate) use simd_dispatch;
 
+/// The transpose of a row-major `[rows, cols]` matrix, row-major `[cols, rows]`: 8 x 8 blocks
+/// through AVX registers where the CPU has them, the edges (and everything on other CPUs)
+/// one element at a time. A copy: every path gives the same bits.
+pub(crate) fn transpose(src: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let n = rows * cols;
+    assert_eq!(
+        src.len(),
+        n,
+        "transpose: {} elements for [{rows}, {cols}]",
+        src.len()
+    );
+    let mut dst = Vec::<f32>::with_capacity(n);
+    let out = dst.as_mut_ptr();
+    // The block of rows `..r8` and columns `..c8` done in 8 x 8 blocks.
+    #[allow(unused_mut)]
+    let (mut r8, mut c8) = (0, 0);
+    #[cfg(target_arch = "x86_64")]
+    if simd_cap() >= 1 && std::is_x86_feature_detected!("avx") {
+        (r8, c8) = (rows / 8 * 8, cols / 8 * 8);
+        // SAFETY: the CPU was just checked for AVX; `src` holds `rows x cols` elements and
+        // `out` has room for as many.
+        unsafe { transpose_blocks_avx(src.as_ptr(), [rows, cols], [r8, c8], out) };
+    }
+    for (r, row) in src.chunks_exact(cols.max(1)).enumerate().take(rows) {
+        let first = if r < r8 { c8 } else { 0 };
+        for (c, v) in row.iter().enumerate().skip(first) {
+            // SAFETY: `c * rows + r < cols * rows`, within the capacity.
+            unsafe { out.add(c * rows + r).write(*v) };
+        }
+    }
+    // SAFETY: every element `(r, c)` was written once, at `c * rows + r`: by the blocks for
+    // `r < r8` and `c < c8`, by the loop above for the rest.
+    unsafe { dst.set_len(n) };
+    dst
+}
+
+/// The 8 x 8 blocks of [`transpose`] covering rows `..r8` and columns `..c8` (multiples of 8).
+///
+/// # Safety
+/// The CPU has AVX; `src` addresses `rows x cols` elements, `dst` as many.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+unsafe fn transpose_blocks_avx(
+    src: *const f32,
+    [rows, cols]: [usize; 2],
+    [r8, c8]: [usize; 2],
+    dst: *mut f32,
+) {
+    use std::arch::x86_64::*;
+    for r0 in (0..r8).step_by(8) {
+        for c0 in (0..c8).step_by(8) {
+            // SAFETY: rows `r0..r0 + 8` and columns `c0..c0 + 8` lie inside both matrices.
+            unsafe {
+                let p = src.add(r0 * cols + c0);
+                let a: [__m256; 8] = core::array::from_fn(|i| _mm256_loadu_ps(p.add(i * cols)));
+                // pairs of rows interleaved, then quadruples, then the 128-bit halves swapped
+                let t = [
+                    _mm256_unpacklo_ps(a[0], a[1]),
+                    _mm256_unpackhi_ps(a[0], a[1]),
+                    _mm256_unpacklo_ps(a[2], a[3]),
+                    _mm256_unpackhi_ps(a[2], a[3]),
+                    _mm256_unpacklo_ps(a[4], a[5]),
+                    _mm256_unpackhi_ps(a[4], a[5]),
+                    _mm256_unpacklo_ps(a[6], a[7]),
+                    _mm256_unpackhi_ps(a[6], a[7]),
+                ];
+                let s = [
+                    _mm256_shuffle_ps::<0x44>(t[0], t[2]),
+                    _mm256_shuffle_ps::<0xEE>(t[0], t[2]),
+                    _mm256_shuffle_ps::<0x44>(t[1], t[3]),
+                    _mm256_shuffle_ps::<0xEE>(t[1], t[3]),
+                    _mm256_shuffle_ps::<0x44>(t[4], t[6]),
+                    _mm256_shuffle_ps::<0xEE>(t[4], t[6]),
+                    _mm256_shuffle_ps::<0x44>(t[5], t[7]),
+                    _mm256_shuffle_ps::<0xEE>(t[5], t[7]),
+                ];
+                let q = dst.add(c0 * rows + r0);
+                for j in 0..4 {
+                    _mm256_storeu_ps(
+                        q.add(j * rows),
+                        _mm256_permute2f128_ps::<0x20>(s[j], s[j + 4]),
+                    );
+                    _mm256_storeu_ps(
+                        q.add((j + 4) * rows),
+                        _mm256_permute2f128_ps::<0x31>(s[j], s[j + 4]),
+                    );
+                }
+            }
+        }
+    }
+}
+
 simd_dispatch!(
     /// `y = gelu_tanh(x)`, one thread.
     gelu_serial, gelu_serial_avx2, gelu_serial_avx512, (x: &[f32], y: &mut [f32]),
@@ -354,7 +446,40 @@ pub(crate) fn rope_table_grads(x: &[f32], xr: &Rows, g: &[f32], gr: &Rows) -> (V
 
 #[cfg(test)]
 mod tests {
-    use super::exp;
+    use super::{exp, transpose, with_simd_cap};
+
+    /// The transpose puts every element where the definition does, on shapes that are and are
+    /// not multiples of the 8 x 8 blocks, on the widest path and on the portable one.
+    #[test]
+    fn transpose_moves_every_element() {
+        let shapes = [
+            (0, 3),
+            (3, 0),
+            (1, 1),
+            (3, 5),
+            (8, 8),
+            (16, 24),
+            (17, 40),
+            (76, 64),
+            (9, 129),
+        ];
+        for cap in [0, 2] {
+            for (rows, cols) in shapes {
+                let src: Vec<f32> = (0..rows * cols).map(|i| i as f32 + 0.5).collect();
+                let t = with_simd_cap(cap, || transpose(&src, rows, cols));
+                assert_eq!(t.len(), rows * cols);
+                for r in 0..rows {
+                    for c in 0..cols {
+                        assert_eq!(
+                            t[c * rows + r],
+                            src[r * cols + c],
+                            "cap {cap}, [{rows}, {cols}] at ({r}, {c})"
+                        );
+                    }
+                }
+            }
+        }
+    }
 
     /// The polynomial `exp` against the platform's, in ulps, over the range GELU uses and the
     /// clamp's ends.

@@ -15,7 +15,7 @@
 
 use rayon::prelude::*;
 
-use crate::kernels::exp;
+use crate::kernels::{exp, transpose};
 
 /// The shape of one attention call. Buffers are heads-major and contiguous: `q` is
 /// `[batch, heads, seq_q, d]`, `k` `[batch, heads, seq_kv, d]`, `v` `[batch, heads, seq_kv,
@@ -106,29 +106,6 @@ pub(crate) fn row_major(cols: usize) -> [isize; 2] {
 /// The transpose of a row-major `[rows, cols]` matrix.
 pub(crate) fn transposed(cols: usize) -> [isize; 2] {
     [cols as isize, 1]
-}
-
-/// The transpose of a row-major `[rows, cols]` matrix, row-major `[cols, rows]`, in tiles
-/// that stay in cache.
-pub(crate) fn transpose(src: &[f32], rows: usize, cols: usize) -> Vec<f32> {
-    const TILE: usize = 16;
-    assert_eq!(
-        src.len(),
-        rows * cols,
-        "transpose: {} elements for [{rows}, {cols}]",
-        src.len()
-    );
-    let mut dst = vec![0f32; rows * cols];
-    for r0 in (0..rows).step_by(TILE) {
-        for c0 in (0..cols).step_by(TILE) {
-            for r in r0..(r0 + TILE).min(rows) {
-                for c in c0..(c0 + TILE).min(cols) {
-                    dst[c * rows + r] = src[r * cols + c];
-                }
-            }
-        }
-    }
-    dst
 }
 
 /// Sums of 8 lanes: a float reduction the compiler vectorises (it keeps a plain fold's order).
@@ -544,25 +521,6 @@ pub(crate) fn backward(sh: &Shape, saved: &Saved, g: &[f32]) -> [Vec<f32>; 3] {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The tiled transpose puts every element where the plain definition does, on shapes that
-    /// are and are not multiples of the tile.
-    #[test]
-    fn transpose_moves_every_element() {
-        for (rows, cols) in [(1, 1), (3, 5), (16, 16), (17, 40), (76, 64), (8, 129)] {
-            let src: Vec<f32> = (0..rows * cols).map(|i| i as f32).collect();
-            let t = transpose(&src, rows, cols);
-            for r in 0..rows {
-                for c in 0..cols {
-                    assert_eq!(
-                        t[c * rows + r],
-                        src[r * cols + c],
-                        "[{rows}, {cols}] at ({r}, {c})"
-                    );
-                }
-            }
-        }
-    }
 
     /// The softmax of a row against `f64`, with masked keys and a NaN.
     #[test]
