@@ -11,6 +11,8 @@
 //! gives the bits of one call. The weights' gradients are sums over every row, one product
 //! each.
 
+use std::mem::MaybeUninit;
+
 use crate::kernels::transpose;
 use crate::sdpa::{matmul, row_major, transposed};
 
@@ -76,11 +78,11 @@ pub(crate) fn forward(
     if let Some(b) = bias {
         check("the bias", b, d_out);
     }
-    let mut out = vec![0f32; all * d_out];
+    let mut out = unwritten(all * d_out);
     // The adapter's product `(x A) B`, unscaled.
-    let mut delta = lora.as_ref().map(|_| vec![0f32; all * d_out]);
+    let mut delta = lora.as_ref().map(|_| unwritten(all * d_out));
     if all == 0 || d_out == 0 {
-        return out;
+        return Vec::new();
     }
     let lora = lora.map(|(l, xa)| {
         check("A", l.a, d_in * rank);
@@ -97,7 +99,7 @@ pub(crate) fn forward(
             .collect(),
         _ => (0..batch).map(|_| None).collect(),
     };
-    let one = |(i, (out, extra)): (usize, (&mut [f32], Option<AdapterOut<'_>>)), par| {
+    let one = |(i, (out, extra)): MatrixBlock<'_, AdapterOut<'_>>, par| {
         let x = &x[i * rows * d_in..(i + 1) * rows * d_in];
         // SAFETY (every product): the row-major matrices `[rows, d_in]`, `[d_in, d_out]`,
         // `[rows, d_out]`, `[d_in, rank]`, `[rank, d_out]`, `[rows, rank]` checked above; the
@@ -105,7 +107,7 @@ pub(crate) fn forward(
         unsafe {
             matmul(
                 [rows, d_out, d_in],
-                out.as_mut_ptr(),
+                out.as_mut_ptr().cast(),
                 row_major(d_out),
                 false,
                 x.as_ptr(),
@@ -130,7 +132,7 @@ pub(crate) fn forward(
                 );
                 matmul(
                     [rows, d_out, rank],
-                    delta.as_mut_ptr(),
+                    delta.as_mut_ptr().cast(),
                     row_major(d_out),
                     false,
                     xa.as_ptr(),
@@ -145,9 +147,27 @@ pub(crate) fn forward(
     };
     per_matrix(dims, &mut out, d_out, &mut extra, one);
     drop(extra);
+    // SAFETY: each matrix's products wrote every element of its blocks of `out` and `delta`
+    // (gemm writes all of a destination it does not accumulate onto, zeros for `d_in = 0`).
+    let (mut out, delta) = unsafe { (written(out), delta.map(|d| written(d))) };
     let scale = adapter.map_or(0.0, |l| l.scale);
     add_bias_and_delta(&mut out, d_out, bias, delta.as_deref(), scale);
     out
+}
+
+/// `n` elements for products that write every one of them before anything reads them: no
+/// pass zeroing them first.
+fn unwritten(n: usize) -> Box<[MaybeUninit<f32>]> {
+    Box::new_uninit_slice(n)
+}
+
+/// The elements of [`unwritten`] once written.
+///
+/// # Safety
+/// Every element of `buf` was written.
+unsafe fn written(buf: Box<[MaybeUninit<f32>]>) -> Vec<f32> {
+    // SAFETY: the caller's contract.
+    unsafe { buf.assume_init() }.into_vec()
 }
 
 crate::kernels::simd_dispatch!(
@@ -182,12 +202,12 @@ crate::kernels::simd_dispatch!(
 /// Runs `f((i, (block i of out, block i of extra)), parallelism)` for each of the `batch`
 /// matrices: on rayon's pool, one thread per matrix, when there are several and the work is
 /// large; in order otherwise, each product split over the pool when it alone is large.
-fn per_matrix<'a, T: Send>(
+fn per_matrix<'a, E: Send, T: Send>(
     dims: Dims,
-    out: &'a mut [f32],
+    out: &'a mut [E],
     cols: usize,
     extra: &mut Vec<Option<T>>,
-    f: impl Fn((usize, (&'a mut [f32], Option<T>)), gemm::Parallelism) + Sync + Send,
+    f: impl Fn((usize, (&'a mut [E], Option<T>)), gemm::Parallelism) + Sync + Send,
 ) {
     use rayon::prelude::*;
     let Dims {
@@ -216,8 +236,11 @@ fn per_matrix<'a, T: Send>(
     }
 }
 
+/// Matrix `i` of a batch: its block of the destination and what else it writes or reads.
+type MatrixBlock<'a, T> = (usize, (&'a mut [MaybeUninit<f32>], Option<T>));
+
 /// One matrix's adapter outputs: `x A` and `(x A) B`.
-type AdapterOut<'a> = (&'a mut [f32], &'a mut [f32]);
+type AdapterOut<'a> = (&'a mut [f32], &'a mut [MaybeUninit<f32>]);
 
 /// The gradients of [`forward`] that are wanted, each `None` when not.
 #[derive(Default)]
@@ -265,14 +288,14 @@ pub(crate) fn backward(
     // g Bᵀ, needed by dx and dA
     let gb = match lora {
         Some((l, _)) if want.x || want.a => {
-            let mut gb = vec![0f32; rows * rank];
+            let mut gb = unwritten(rows * rank);
             // SAFETY (every product below): row-major operands of the checked shapes;
             // `transposed` reads a row-major matrix as its transpose; no destination
             // overlaps an operand.
             unsafe {
                 matmul(
                     [rows, rank, d_out],
-                    gb.as_mut_ptr(),
+                    gb.as_mut_ptr().cast(),
                     row_major(rank),
                     false,
                     g.as_ptr(),
@@ -282,14 +305,15 @@ pub(crate) fn backward(
                     1.0,
                     parallelism(rows, rank, d_out),
                 );
+                // the product wrote every element
+                Some(written(gb))
             }
-            Some(gb)
         }
         _ => None,
     };
     if want.x {
         // one matrix at a time, as the forward
-        let mut dx = vec![0f32; rows * d_in];
+        let mut dx = unwritten(rows * d_in);
         let mut gbs: Vec<Option<&[f32]>> = match gb.as_ref() {
             Some(gb) => gb.chunks(per * rank.max(1)).map(Some).collect(),
             None => (0..batch).map(|_| None).collect(),
@@ -299,14 +323,14 @@ pub(crate) fn backward(
         // it reads transposed one element at a time, once per product.
         let wt = transpose(w, d_in, d_out);
         let at = adapter.map(|l| (transpose(l.a, d_in, rank), l.scale));
-        let one = |(i, (dx, gb)): (usize, (&mut [f32], Option<&[f32]>)), par| {
+        let one = |(i, (dx, gb)): MatrixBlock<'_, &[f32]>, par| {
             let g = &g[i * per * d_out..(i + 1) * per * d_out];
             // SAFETY: row-major `[per, d_out]`, `[d_out, d_in]`, `[per, d_in]`, `[per, rank]`,
             // `[rank, d_in]`; no overlap.
             unsafe {
                 matmul(
                     [per, d_in, d_out],
-                    dx.as_mut_ptr(),
+                    dx.as_mut_ptr().cast(),
                     row_major(d_in),
                     false,
                     g.as_ptr(),
@@ -319,7 +343,7 @@ pub(crate) fn backward(
                 if let (Some((at, scale)), Some(gb)) = (at.as_ref(), gb) {
                     matmul(
                         [per, d_in, rank],
-                        dx.as_mut_ptr(),
+                        dx.as_mut_ptr().cast(),
                         row_major(d_in),
                         true,
                         gb.as_ptr(),
@@ -343,14 +367,16 @@ pub(crate) fn backward(
             &mut gbs,
             one,
         );
-        out.x = Some(dx);
+        // SAFETY: each matrix's first product wrote every element of its block (the adapter's
+        // accumulates onto what it wrote).
+        out.x = Some(unsafe { written(dx) });
     }
     if want.w {
-        let mut dw = vec![0f32; d_in * d_out];
+        let mut dw = unwritten(d_in * d_out);
         unsafe {
             matmul(
                 [d_in, d_out, rows],
-                dw.as_mut_ptr(),
+                dw.as_mut_ptr().cast(),
                 row_major(d_out),
                 false,
                 x.as_ptr(),
@@ -361,7 +387,8 @@ pub(crate) fn backward(
                 parallelism(d_in, d_out, rows),
             );
         }
-        out.w = Some(dw);
+        // SAFETY: the product wrote every element.
+        out.w = Some(unsafe { written(dw) });
     }
     if want.bias {
         let mut sum = vec![0f64; d_out];
@@ -374,11 +401,11 @@ pub(crate) fn backward(
     }
     if let Some((l, xa)) = lora {
         if let (true, Some(gb)) = (want.a, gb.as_ref()) {
-            let mut da = vec![0f32; d_in * rank];
+            let mut da = unwritten(d_in * rank);
             unsafe {
                 matmul(
                     [d_in, rank, rows],
-                    da.as_mut_ptr(),
+                    da.as_mut_ptr().cast(),
                     row_major(rank),
                     false,
                     x.as_ptr(),
@@ -389,15 +416,16 @@ pub(crate) fn backward(
                     parallelism(d_in, rank, rows),
                 );
             }
-            out.a = Some(da);
+            // SAFETY: the product wrote every element.
+            out.a = Some(unsafe { written(da) });
         }
         if want.b {
             check("x A", xa, rows * rank);
-            let mut db = vec![0f32; rank * d_out];
+            let mut db = unwritten(rank * d_out);
             unsafe {
                 matmul(
                     [rank, d_out, rows],
-                    db.as_mut_ptr(),
+                    db.as_mut_ptr().cast(),
                     row_major(d_out),
                     false,
                     xa.as_ptr(),
@@ -408,7 +436,8 @@ pub(crate) fn backward(
                     parallelism(rank, d_out, rows),
                 );
             }
-            out.b = Some(db);
+            // SAFETY: the product wrote every element.
+            out.b = Some(unsafe { written(db) });
         }
     }
     out
