@@ -41,11 +41,16 @@ impl Shape {
     }
 
     /// Query rows per block: the block's score matrix at about [`BLOCK_SCORES`] elements,
-    /// at least 8 rows, at most all of them.
+    /// at least 8 rows (6 when the keys are many), at most all of them. Below all of them, a
+    /// multiple of 6: the width of gemm's microkernel for the scores' product (31 rows at
+    /// 1056 keys ran 3% slower than 30).
     fn block_rows(&self) -> usize {
-        (BLOCK_SCORES / self.seq_kv.max(1))
-            .clamp(8, 256)
-            .min(self.seq_q)
+        let rows = (BLOCK_SCORES / self.seq_kv.max(1)).clamp(8, 256);
+        if rows >= self.seq_q {
+            self.seq_q
+        } else {
+            rows / 6 * 6
+        }
     }
 }
 
