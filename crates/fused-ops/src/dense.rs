@@ -15,6 +15,7 @@ use std::mem::MaybeUninit;
 
 use crate::kernels::transpose;
 use crate::sdpa::{matmul, row_major, transposed};
+use crate::step::filled;
 
 /// Products of at least this many multiply-adds split over rayon's pool (gemm's own
 /// splitting); smaller ones run on the calling thread.
@@ -78,9 +79,6 @@ pub(crate) fn forward(
     if let Some(b) = bias {
         check("the bias", b, d_out);
     }
-    let mut out = unwritten(all * d_out);
-    // The adapter's product `(x A) B`, unscaled.
-    let mut delta = lora.as_ref().map(|_| unwritten(all * d_out));
     if all == 0 || d_out == 0 {
         return Vec::new();
     }
@@ -91,14 +89,6 @@ pub(crate) fn forward(
         (l, xa)
     });
     let adapter = lora.as_ref().map(|(l, _)| *l);
-    let mut extra: Vec<Option<AdapterOut<'_>>> = match (lora, delta.as_deref_mut()) {
-        (Some((_, xa)), Some(delta)) => xa
-            .chunks_mut(rows * rank.max(1))
-            .zip(delta.chunks_mut(rows * d_out))
-            .map(Some)
-            .collect(),
-        _ => (0..batch).map(|_| None).collect(),
-    };
     let one = |(i, (out, extra)): MatrixBlock<'_, AdapterOut<'_>>, par| {
         let x = &x[i * rows * d_in..(i + 1) * rows * d_in];
         // SAFETY (every product): the row-major matrices `[rows, d_in]`, `[d_in, d_out]`,
@@ -145,29 +135,28 @@ pub(crate) fn forward(
             }
         }
     };
-    per_matrix(dims, &mut out, d_out, &mut extra, one);
-    drop(extra);
-    // SAFETY: each matrix's products wrote every element of its blocks of `out` and `delta`
-    // (gemm writes all of a destination it does not accumulate onto, zeros for `d_in = 0`).
-    let (mut out, delta) = unsafe { (written(out), delta.map(|d| written(d))) };
+    // Each matrix's products write every element of its blocks of `out` and of the adapter's
+    // product `(x A) B` (unscaled): gemm writes all of a destination it does not accumulate
+    // onto, zeros for `d_in = 0`.
+    let products = |out: &mut [MaybeUninit<f32>], delta: Option<&mut [MaybeUninit<f32>]>| {
+        let mut extra: Vec<Option<AdapterOut<'_>>> = match (lora, delta) {
+            (Some((_, xa)), Some(delta)) => xa
+                .chunks_mut(rows * rank.max(1))
+                .zip(delta.chunks_mut(rows * d_out))
+                .map(Some)
+                .collect(),
+            _ => (0..batch).map(|_| None).collect(),
+        };
+        per_matrix(dims, out, d_out, &mut extra, one);
+    };
+    let mut delta = None;
+    let mut out = filled(all * d_out, |out| match adapter {
+        Some(_) => delta = Some(filled(all * d_out, |d| products(out, Some(d)))),
+        None => products(out, None),
+    });
     let scale = adapter.map_or(0.0, |l| l.scale);
     add_bias_and_delta(&mut out, d_out, bias, delta.as_deref(), scale);
     out
-}
-
-/// `n` elements for products that write every one of them before anything reads them: no
-/// pass zeroing them first.
-fn unwritten(n: usize) -> Box<[MaybeUninit<f32>]> {
-    Box::new_uninit_slice(n)
-}
-
-/// The elements of [`unwritten`] once written.
-///
-/// # Safety
-/// Every element of `buf` was written.
-unsafe fn written(buf: Box<[MaybeUninit<f32>]>) -> Vec<f32> {
-    // SAFETY: the caller's contract.
-    unsafe { buf.assume_init() }.into_vec()
 }
 
 crate::kernels::simd_dispatch!(
@@ -288,11 +277,10 @@ pub(crate) fn backward(
     // g Bᵀ, needed by dx and dA
     let gb = match lora {
         Some((l, _)) if want.x || want.a => {
-            let mut gb = unwritten(rows * rank);
             // SAFETY (every product below): row-major operands of the checked shapes;
             // `transposed` reads a row-major matrix as its transpose; no destination
-            // overlaps an operand.
-            unsafe {
+            // overlaps an operand. Each writes all of its destination.
+            Some(filled(rows * rank, |gb| unsafe {
                 matmul(
                     [rows, rank, d_out],
                     gb.as_mut_ptr().cast(),
@@ -305,15 +293,12 @@ pub(crate) fn backward(
                     1.0,
                     parallelism(rows, rank, d_out),
                 );
-                // the product wrote every element
-                Some(written(gb))
-            }
+            }))
         }
         _ => None,
     };
     if want.x {
         // one matrix at a time, as the forward
-        let mut dx = unwritten(rows * d_in);
         let mut gbs: Vec<Option<&[f32]>> = match gb.as_ref() {
             Some(gb) => gb.chunks(per * rank.max(1)).map(Some).collect(),
             None => (0..batch).map(|_| None).collect(),
@@ -356,24 +341,24 @@ pub(crate) fn backward(
                 }
             }
         };
-        per_matrix(
-            Dims {
-                d_in: d_out,
-                d_out: d_in,
-                ..dims
-            },
-            &mut dx,
-            d_in,
-            &mut gbs,
-            one,
-        );
-        // SAFETY: each matrix's first product wrote every element of its block (the adapter's
-        // accumulates onto what it wrote).
-        out.x = Some(unsafe { written(dx) });
+        // each matrix's first product writes every element of its block (the adapter's
+        // accumulates onto what it wrote)
+        out.x = Some(filled(rows * d_in, |dx| {
+            per_matrix(
+                Dims {
+                    d_in: d_out,
+                    d_out: d_in,
+                    ..dims
+                },
+                dx,
+                d_in,
+                &mut gbs,
+                one,
+            )
+        }));
     }
     if want.w {
-        let mut dw = unwritten(d_in * d_out);
-        unsafe {
+        out.w = Some(filled(d_in * d_out, |dw| unsafe {
             matmul(
                 [d_in, d_out, rows],
                 dw.as_mut_ptr().cast(),
@@ -386,9 +371,7 @@ pub(crate) fn backward(
                 1.0,
                 parallelism(d_in, d_out, rows),
             );
-        }
-        // SAFETY: the product wrote every element.
-        out.w = Some(unsafe { written(dw) });
+        }));
     }
     if want.bias {
         let mut sum = vec![0f64; d_out];
@@ -401,8 +384,7 @@ pub(crate) fn backward(
     }
     if let Some((l, xa)) = lora {
         if let (true, Some(gb)) = (want.a, gb.as_ref()) {
-            let mut da = unwritten(d_in * rank);
-            unsafe {
+            out.a = Some(filled(d_in * rank, |da| unsafe {
                 matmul(
                     [d_in, rank, rows],
                     da.as_mut_ptr().cast(),
@@ -415,14 +397,11 @@ pub(crate) fn backward(
                     l.scale,
                     parallelism(d_in, rank, rows),
                 );
-            }
-            // SAFETY: the product wrote every element.
-            out.a = Some(unsafe { written(da) });
+            }));
         }
         if want.b {
             check("x A", xa, rows * rank);
-            let mut db = unwritten(rank * d_out);
-            unsafe {
+            out.b = Some(filled(rank * d_out, |db| unsafe {
                 matmul(
                     [rank, d_out, rows],
                     db.as_mut_ptr().cast(),
@@ -435,9 +414,7 @@ pub(crate) fn backward(
                     l.scale,
                     parallelism(rank, d_out, rows),
                 );
-            }
-            // SAFETY: the product wrote every element.
-            out.b = Some(unsafe { written(db) });
+            }));
         }
     }
     out

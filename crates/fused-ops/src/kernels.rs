@@ -149,29 +149,27 @@ pub(crate) fn transpose(src: &[f32], rows: usize, cols: usize) -> Vec<f32> {
         "transpose: {} elements for [{rows}, {cols}]",
         src.len()
     );
-    let mut dst = Vec::<f32>::with_capacity(n);
-    let out = dst.as_mut_ptr();
-    // The block of rows `..r8` and columns `..c8` done in 8 x 8 blocks.
-    #[allow(unused_mut)]
-    let (mut r8, mut c8) = (0, 0);
-    #[cfg(target_arch = "x86_64")]
-    if simd_cap() >= 1 && std::is_x86_feature_detected!("avx") {
-        (r8, c8) = (rows / 8 * 8, cols / 8 * 8);
-        // SAFETY: the CPU was just checked for AVX; `src` holds `rows x cols` elements and
-        // `out` has room for as many.
-        unsafe { transpose_blocks_avx(src.as_ptr(), [rows, cols], [r8, c8], out) };
-    }
-    for (r, row) in src.chunks_exact(cols.max(1)).enumerate().take(rows) {
-        let first = if r < r8 { c8 } else { 0 };
-        for (c, v) in row.iter().enumerate().skip(first) {
-            // SAFETY: `c * rows + r < cols * rows`, within the capacity.
-            unsafe { out.add(c * rows + r).write(*v) };
+    crate::step::filled(n, |dst| {
+        let out = dst.as_mut_ptr().cast::<f32>();
+        // The block of rows `..r8` and columns `..c8` done in 8 x 8 blocks.
+        #[allow(unused_mut)]
+        let (mut r8, mut c8) = (0, 0);
+        #[cfg(target_arch = "x86_64")]
+        if simd_cap() >= 1 && std::is_x86_feature_detected!("avx") {
+            (r8, c8) = (rows / 8 * 8, cols / 8 * 8);
+            // SAFETY: the CPU was just checked for AVX; `src` holds `rows x cols` elements
+            // and `dst` as many.
+            unsafe { transpose_blocks_avx(src.as_ptr(), [rows, cols], [r8, c8], out) };
         }
-    }
-    // SAFETY: every element `(r, c)` was written once, at `c * rows + r`: by the blocks for
-    // `r < r8` and `c < c8`, by the loop above for the rest.
-    unsafe { dst.set_len(n) };
-    dst
+        // Every element `(r, c)` is written once, at `c * rows + r`: by the blocks for
+        // `r < r8` and `c < c8`, by this loop for the rest.
+        for (r, row) in src.chunks_exact(cols.max(1)).enumerate().take(rows) {
+            let first = if r < r8 { c8 } else { 0 };
+            for (c, v) in row.iter().enumerate().skip(first) {
+                dst[c * rows + r].write(*v);
+            }
+        }
+    })
 }
 
 /// The 8 x 8 blocks of [`transpose`] covering rows `..r8` and columns `..c8` (multiples of 8).

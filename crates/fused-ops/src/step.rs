@@ -432,7 +432,8 @@ pub(crate) fn gaussian_step(
 }
 
 /// A buffer of `n` values, every one written by `fill` (each kernel here writes its whole
-/// output, which it checks against its shape): no zeroing pass before the kernel's own.
+/// output, which it checks against its shape; so do gemm's products that do not accumulate,
+/// and the transpose): no zeroing pass before the kernel's own.
 pub(crate) fn filled(n: usize, fill: impl FnOnce(&mut [MaybeUninit<f32>])) -> Vec<f32> {
     let mut v = Vec::with_capacity(n);
     fill(&mut v.spare_capacity_mut()[..n]);
