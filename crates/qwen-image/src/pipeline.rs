@@ -7,7 +7,6 @@ use std::path::{Path, PathBuf};
 
 use burn::tensor::DType;
 use burn::tensor::backend::Backend;
-use model_weights::cast_float_params;
 use serde_json::Value;
 
 use crate::error::{ConfigProblem, QwenImageError, read_json};
@@ -192,9 +191,9 @@ impl<B: Backend> FrozenComponents<B> {
     /// [`FrozenComponents::load`] with the text encoder's and the VAE's weights in `dtype`
     /// (bf16 halves their memory). Both compute in their weights' dtype and take and give
     /// tensors of any float dtype: the prompt embeddings come out in `dtype`, decoded images in
-    /// the latents' dtype. The text encoder's weights are converted on the host as they are
-    /// read; the VAE's (0.5 GB in f32 at the real size) are read as f32 and cast on the device
-    /// one tensor at a time ([`model_weights::cast_float_params`]).
+    /// the latents' dtype. Both components' weights are converted on the host as they are
+    /// read, each value rounded to the nearest of `dtype`: the device never holds an `f32`
+    /// copy of either.
     ///
     /// # Errors
     /// Each component's loading errors, naming its files.
@@ -221,8 +220,8 @@ impl<B: Backend> FrozenComponents<B> {
                 ),
             ));
         }
-        let (vae, vae_config) = Vae::from_dir_variant(index.component("vae"), variant, device)?;
-        let vae = cast_float_params(vae, dtype);
+        let (vae, vae_config) =
+            Vae::from_dir_variant_in(index.component("vae"), variant, dtype, device)?;
         Ok(Self {
             index,
             prompt_encoder: PromptEncoder::new(tokenizer, text_encoder),

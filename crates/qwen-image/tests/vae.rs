@@ -188,11 +188,12 @@ fn a_vae_checkpoint_that_does_not_fit_is_named() {
     );
 }
 
-/// The VAE with its weights cast to another float dtype (`model_weights::cast_float_params`):
-/// f32 inputs are cast to the weights' dtype and the outputs come back in f32. In f64 it
-/// matches diffusers' f32 output as closely as in f32; in bf16 (which Flex computes too, as a
-/// GPU does) its pipeline decode strays from it no further than diffusers' own bf16 decode
-/// does (times [`BF16_VS_PYTORCH`]).
+/// The VAE with its weights in another float dtype (cast with
+/// `model_weights::cast_float_params` to f64; read in bf16 as the pipeline reads it): f32
+/// inputs are cast to the weights' dtype and the outputs come back in f32. In f64 it matches
+/// diffusers' f32 output as closely as in f32; in bf16 (which Flex computes too, as a GPU
+/// does) its pipeline decode strays from it no further than diffusers' own bf16 decode does
+/// (times [`BF16_VS_PYTORCH`]).
 #[test]
 fn the_vae_runs_in_its_weights_dtype() {
     use burn::tensor::DType;
@@ -220,7 +221,10 @@ fn the_vae_runs_in_its_weights_dtype() {
     assert_eq!(moments.dtype(), DType::F32);
     check("f64: encode: moments", moments, &case["encoded"]);
 
-    let narrow = model_weights::cast_float_params(vae, DType::BF16);
+    // The pipeline's path: the weights made in bf16 on the host as they are read.
+    let (narrow, _) =
+        Vae::<Flex>::from_dir_variant_in(vae_dir(), None, DType::BF16, &device).unwrap();
+    assert_eq!(narrow.dtype(), DType::BF16);
     let image = narrow.decode_packed(packed(), height, width).unwrap();
     assert_eq!(image.dtype(), DType::F32);
     let (_, want) = values(&p["image"]);
@@ -233,4 +237,37 @@ fn the_vae_runs_in_its_weights_dtype() {
         ours <= BF16_VS_PYTORCH * theirs,
         "bf16 decode: {ours:e} against diffusers' {theirs:e}"
     );
+}
+
+/// Reading in bf16 rounds each weight to the nearest bf16 (checked with the `half` crate), as
+/// PyTorch's `.to(torch.bfloat16)` does: the same weights as reading in f32 and rounding.
+#[test]
+fn reading_the_vae_in_bf16_rounds_each_weight_to_nearest() {
+    use burn::module::{Module, ModuleVisitor, Param};
+    use burn::tensor::DType;
+    struct All(Vec<(DType, Vec<f32>)>);
+    impl<B: Backend> ModuleVisitor<B> for All {
+        fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<B, D>>) {
+            let v = p.val();
+            self.0
+                .push((v.dtype(), v.into_data().convert::<f32>().to_vec().unwrap()));
+        }
+    }
+    let device = Default::default();
+    let (read, _) =
+        Vae::<Flex>::from_dir_variant_in(vae_dir(), None, DType::BF16, &device).unwrap();
+    let (wide, _) = Vae::<Flex>::from_dir(vae_dir(), &device).unwrap();
+    let (mut got, mut want) = (All(Vec::new()), All(Vec::new()));
+    read.visit(&mut got);
+    wide.visit(&mut want);
+    assert!(!got.0.is_empty());
+    assert_eq!(got.0.len(), want.0.len());
+    for ((dtype, g), (_, w)) in got.0.iter().zip(&want.0) {
+        assert_eq!(*dtype, DType::BF16);
+        let rounded: Vec<f32> = w
+            .iter()
+            .map(|&v| half::bf16::from_f32(v).to_f32())
+            .collect();
+        assert_eq!(g, &rounded);
+    }
 }

@@ -9,7 +9,7 @@ use std::path::Path;
 
 use burn::module::Param;
 use burn::tensor::backend::Backend;
-use burn::tensor::{Tensor, TensorData};
+use burn::tensor::{DType, Tensor, TensorData};
 use model_weights::{Checkpoint, DIFFUSERS};
 
 use super::config::VaeConfig;
@@ -89,6 +89,9 @@ impl Plan {
 
 struct Reader<'a, B: Backend> {
     ckpt: &'a Checkpoint,
+    /// The dtype the tensors are made in (converted on the host, each value rounded to the
+    /// nearest).
+    dtype: DType,
     device: &'a B::Device,
     plan: Option<&'a mut Plan>,
 }
@@ -101,7 +104,7 @@ impl<B: Backend> Reader<'_, B> {
     fn param<const D: usize>(&self, values: Vec<f32>, shape: [usize; D]) -> Param<Tensor<B, D>> {
         Param::from_tensor(Tensor::from_data(
             TensorData::new(values, shape),
-            self.device,
+            (self.device, self.dtype),
         ))
     }
 
@@ -349,7 +352,8 @@ impl<B: Backend> Vae<B> {
     /// ([`VaeConfig::from_json_file`]) and `diffusion_pytorch_model.safetensors` or its
     /// shards. Every missing, unexpected or mis-shaped key is reported together before any
     /// tensor is read; the temporal convolutions (`time_conv`, which never run on an image) are
-    /// skipped by name. Tensors of any float dtype are converted to `f32`.
+    /// skipped by name. Tensors of any float dtype are converted to `f32`
+    /// ([`Vae::from_dir_variant_in`] makes them in another dtype).
     ///
     /// # Errors
     /// [`QwenImageError::Config`] for the configuration, [`QwenImageError::Weights`] for the
@@ -372,10 +376,25 @@ impl<B: Backend> Vae<B> {
         variant: Option<&str>,
         device: &B::Device,
     ) -> Result<(Self, VaeConfig), QwenImageError> {
+        Self::from_dir_variant_in(dir, variant, DType::F32, device)
+    }
+
+    /// [`Vae::from_dir_variant`] with the weights made in `dtype` on the host as they are
+    /// read (each value rounded to the nearest of `dtype`), so that the device never holds
+    /// an `f32` copy of a model it runs in bf16.
+    ///
+    /// # Errors
+    /// As [`Vae::from_dir`].
+    pub fn from_dir_variant_in(
+        dir: impl AsRef<Path>,
+        variant: Option<&str>,
+        dtype: DType,
+        device: &B::Device,
+    ) -> Result<(Self, VaeConfig), QwenImageError> {
         let dir = dir.as_ref();
         let config = VaeConfig::from_json_file(dir.join(CONFIG_FILE))?;
         let ckpt = Checkpoint::open_variant(dir, &[DIFFUSERS], variant)?;
-        Ok((Self::load(&ckpt, &config, device)?, config))
+        Ok((Self::load_in(&ckpt, &config, dtype, device)?, config))
     }
 
     /// Builds the VAE of `config` from an open checkpoint (see [`Vae::from_dir`]).
@@ -387,10 +406,24 @@ impl<B: Backend> Vae<B> {
         config: &VaeConfig,
         device: &B::Device,
     ) -> Result<Self, QwenImageError> {
+        Self::load_in(ckpt, config, DType::F32, device)
+    }
+
+    /// [`Vae::load`] with the weights made in `dtype` on the host.
+    ///
+    /// # Errors
+    /// As [`Vae::load`].
+    pub fn load_in(
+        ckpt: &Checkpoint,
+        config: &VaeConfig,
+        dtype: DType,
+        device: &B::Device,
+    ) -> Result<Self, QwenImageError> {
         let mut plan = Plan { keys: Vec::new() };
         let mut skipped = Vec::new();
         Reader::<B> {
             ckpt,
+            dtype,
             device,
             plan: Some(&mut plan),
         }
@@ -399,6 +432,7 @@ impl<B: Backend> Vae<B> {
         ckpt.check(plan.keys, &skipped)?;
         let vae = Reader::<B> {
             ckpt,
+            dtype,
             device,
             plan: None,
         }
