@@ -831,7 +831,12 @@ impl CheckpointStore {
         let (state, rng, contract) = self.parse_state(ckpt, &contents)?;
         check_contract(ckpt, contract.as_ref(), expected_contract)?;
         let weights_path = ckpt.dir.join(WEIGHTS_FILE);
-        let model = decode_weights::<B, M>(model, &contents[WEIGHTS_FILE], &weights_path)?;
+        let model = decode_weights::<B, M>(
+            model,
+            &contents[WEIGHTS_FILE],
+            &weights_path,
+            SavedDtype::Exact,
+        )?;
         let optimizer = decode_optimizer::<B, M, O>(
             optimizer,
             contents[OPTIMIZER_FILE].clone(),
@@ -851,7 +856,9 @@ impl CheckpointStore {
 
     /// The trainable weights of a committed checkpoint loaded into `model`, with its trainer
     /// state, and nothing else: the optimizer record is verified (every file's hash is) but
-    /// not decoded, and nothing is written — what an export reads.
+    /// not decoded, and nothing is written — what an export reads. Weights saved in a
+    /// narrower float dtype than `model`'s are widened exactly ([`SavedDtype::Widen`]: an
+    /// export rebuilds the policy in `f32` whatever dtype the run trained it in).
     ///
     /// # Errors
     /// As [`CheckpointStore::load`].
@@ -864,8 +871,12 @@ impl CheckpointStore {
         let (_, contents) = self.read_verified(ckpt)?;
         let (state, _, contract) = self.parse_state(ckpt, &contents)?;
         check_contract(ckpt, contract.as_ref(), expected_contract)?;
-        let model =
-            decode_weights::<B, M>(model, &contents[WEIGHTS_FILE], &ckpt.dir.join(WEIGHTS_FILE))?;
+        let model = decode_weights::<B, M>(
+            model,
+            &contents[WEIGHTS_FILE],
+            &ckpt.dir.join(WEIGHTS_FILE),
+            SavedDtype::Widen,
+        )?;
         Ok((model, state))
     }
 
@@ -882,13 +893,14 @@ impl CheckpointStore {
         ckpt: &CommittedCheckpoint,
         name: &str,
         model: M,
+        dtypes: SavedDtype,
     ) -> Result<M, TrainerError> {
         let (_, contents) = self.read_verified(ckpt)?;
         let bytes = contents.get(name).ok_or_else(|| TrainerError::Checkpoint {
             dir: ckpt.dir.clone(),
             problem: CheckpointProblem::MissingFile { name: name.into() },
         })?;
-        decode_weights::<B, M>(model, bytes, &ckpt.dir.join(name))
+        decode_weights::<B, M>(model, bytes, &ckpt.dir.join(name), dtypes)
     }
 
     /// The bytes of the file `name` a committed checkpoint holds (e.g. one written beside the
@@ -1109,10 +1121,32 @@ impl<B: Backend> ModuleMapper<B> for Apply {
     }
 }
 
+/// How a saved weight's dtype must relate to the parameter it is loaded into.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SavedDtype {
+    /// The same dtype (a resume continues the run bit for bit).
+    Exact,
+    /// The same, or a narrower float dtype that converts exactly (bf16 or f16 into f32 or
+    /// f64, f32 into f64): what an export does, which rebuilds the policy in `f32`.
+    Widen,
+}
+
+impl SavedDtype {
+    fn accepts(self, saved: DType, param: DType) -> bool {
+        saved == param
+            || (self == SavedDtype::Widen
+                && matches!(
+                    (saved, param),
+                    (DType::BF16 | DType::F16, DType::F32 | DType::F64) | (DType::F32, DType::F64)
+                ))
+    }
+}
+
 fn decode_weights<B: Backend, M: Module<B>>(
     model: M,
     bytes: &[u8],
     path: &Path,
+    dtypes: SavedDtype,
 ) -> Result<M, TrainerError> {
     let mut args = bytes.to_vec();
     let record: WeightsRecord =
@@ -1145,7 +1179,9 @@ fn decode_weights<B: Backend, M: Module<B>>(
         match saved.get(&t.path) {
             None => missing.push(t.path.clone()),
             Some(s) => {
-                if s.data.shape.as_slice() != t.shape.as_slice() || s.data.dtype != t.dtype {
+                if s.data.shape.as_slice() != t.shape.as_slice()
+                    || !dtypes.accepts(s.data.dtype, t.dtype)
+                {
                     mismatched.push((
                         t.path.clone(),
                         format!("{:?} {:?}", s.data.shape.as_slice(), s.data.dtype),
@@ -1230,4 +1266,35 @@ where
         source,
     })?;
     Ok(optimizer.load_record(record))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SavedDtype;
+    use burn::tensor::DType;
+
+    #[test]
+    fn only_an_exact_widening_is_accepted_and_only_where_asked() {
+        use DType::{BF16, F16, F32, F64};
+        for d in [BF16, F16, F32, F64] {
+            assert!(SavedDtype::Exact.accepts(d, d) && SavedDtype::Widen.accepts(d, d));
+        }
+        for (saved, param) in [(BF16, F32), (F16, F32), (BF16, F64), (F32, F64)] {
+            assert!(
+                SavedDtype::Widen.accepts(saved, param),
+                "{saved:?} -> {param:?}"
+            );
+            assert!(
+                !SavedDtype::Exact.accepts(saved, param),
+                "{saved:?} -> {param:?}"
+            );
+        }
+        // narrowing rounds, and bf16 <-> f16 is no widening either way
+        for (saved, param) in [(F32, BF16), (F64, F32), (F16, BF16), (BF16, F16)] {
+            assert!(
+                !SavedDtype::Widen.accepts(saved, param),
+                "{saved:?} -> {param:?}"
+            );
+        }
+    }
 }

@@ -412,8 +412,12 @@ impl<B: AutodiffBackend> WorldJob<B> for ExportJob<'_, B> {
         )?;
         // a run with [ema] hands out its EMA copy (the weights its evaluations sampled with)
         let policy = if self.cfg.ema.is_some() {
-            self.store
-                .load_copy::<B, _>(self.checkpoint, crate::checkpoint::EMA_FILE, policy)?
+            self.store.load_copy::<B, _>(
+                self.checkpoint,
+                crate::checkpoint::EMA_FILE,
+                policy,
+                crate::checkpoint::SavedDtype::Widen,
+            )?
         } else {
             policy
         };

@@ -83,7 +83,7 @@ pub use algorithm::{Algorithm, FlowGrpo, RatioObjective, Recording, TimestepSubs
 pub use awm::Awm;
 pub use checkpoint::{
     CheckpointStore, CommittedCheckpoint, CommittedFile, Resume, Resumed, SavedCheckpoint,
-    TrainerState, WriteHook, WritePhase,
+    SavedDtype, TrainerState, WriteHook, WritePhase,
 };
 pub use clip::{CLIP_EPSILON, ClipReport, clip_grad_norm, global_grad_norm};
 pub use config::{

@@ -54,7 +54,7 @@ use trajectory::{
 
 use crate::algorithm::{Algorithm, Recording};
 use crate::checkpoint::{
-    CheckpointStore, CommittedCheckpoint, EMA_FILE, SAMPLER_FILE, TrainerState,
+    CheckpointStore, CommittedCheckpoint, EMA_FILE, SAMPLER_FILE, SavedDtype, TrainerState,
 };
 use crate::config::{CheckpointFailurePolicy, EvalGuidance, Preflight, TrainConfig};
 use crate::ema::{Ema, blend};
@@ -518,7 +518,12 @@ where
                     .and_then(|r| {
                         let restored_ema = match ema.take() {
                             Some(e) => Some(Ema::new(
-                                store.load_copy::<B, _>(&checkpoint, EMA_FILE, r.model.clone())?,
+                                store.load_copy::<B, _>(
+                                    &checkpoint,
+                                    EMA_FILE,
+                                    r.model.clone(),
+                                    SavedDtype::Exact,
+                                )?,
                                 e.settings,
                             )),
                             None => None,
@@ -528,6 +533,7 @@ where
                                 &checkpoint,
                                 SAMPLER_FILE,
                                 r.model.clone(),
+                                SavedDtype::Exact,
                             )?),
                             None => None,
                         };

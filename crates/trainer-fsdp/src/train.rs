@@ -21,7 +21,10 @@ use std::time::Instant;
 
 use burn::module::{AutodiffModule, ModuleVisitor, Param};
 use burn::optim::adaptor::OptimizerAdaptor;
-use burn::optim::{AdamW, GradientsAccumulator, GradientsParams, Optimizer};
+use burn::optim::{
+    AdamW, AdamWState, GradientsAccumulator, GradientsParams, LearningRate, Optimizer,
+    SimpleOptimizer,
+};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{DType, ElementConversion, Tensor};
 use flow_grpo::{
@@ -211,8 +214,56 @@ where
     _m: PhantomData<(B, M)>,
 }
 
-/// burn's AdamW wrapped for a module `M`.
-pub type AdamWOptimizer<B, M> = OptimizerAdaptor<AdamW, M, B>;
+/// burn's AdamW wrapped for a module `M`, its moments in each parameter's own dtype
+/// ([`AdamWInParamDtype`]).
+pub type AdamWOptimizer<B, M> = OptimizerAdaptor<AdamWInParamDtype, M, B>;
+
+/// burn's [`AdamW`] with its moments held in the dtype of each parameter's gradient, as
+/// torch's AdamW holds them in the parameter's dtype.
+///
+/// burn's record of the moments stores them in `f32` and reads them back in the backend's
+/// default float dtype, whatever they were: a run whose trained weights are bf16 (a full fine-
+/// tune at `model.param_dtype = "bf16"` without an `f32` master) resumed with `f32` moments
+/// beside `bf16` gradients, and AdamW's first update panicked on the mismatch. A moment of
+/// another dtype than its gradient is cast to it before the step; the stored moments were
+/// bf16 values widened to `f32`, so the cast restores them exactly. The record is AdamW's own,
+/// so checkpoints written before this wrapper load unchanged.
+#[derive(Clone)]
+pub struct AdamWInParamDtype(AdamW);
+
+impl AdamWInParamDtype {
+    /// Wraps an AdamW (`AdamWConfig::build`).
+    pub fn new(adamw: AdamW) -> Self {
+        Self(adamw)
+    }
+}
+
+impl<B: burn::tensor::backend::Backend> SimpleOptimizer<B> for AdamWInParamDtype {
+    type State<const D: usize> = AdamWState<B, D>;
+
+    fn step<const D: usize>(
+        &self,
+        lr: LearningRate,
+        tensor: Tensor<B, D>,
+        grad: Tensor<B, D>,
+        state: Option<Self::State<D>>,
+    ) -> (Tensor<B, D>, Option<Self::State<D>>) {
+        let dtype = grad.dtype();
+        let in_dtype = |t: Tensor<B, D>| if t.dtype() == dtype { t } else { t.cast(dtype) };
+        let state = state.map(|mut s| {
+            let m = &mut s.momentum;
+            m.moment_1 = in_dtype(m.moment_1.clone());
+            m.moment_2 = in_dtype(m.moment_2.clone());
+            m.max_moment_2 = m.max_moment_2.take().map(in_dtype);
+            s
+        });
+        self.0.step(lr, tensor, grad, state)
+    }
+
+    fn to_device<const D: usize>(state: Self::State<D>, device: &B::Device) -> Self::State<D> {
+        <AdamW as SimpleOptimizer<B>>::to_device(state, device)
+    }
+}
 
 impl<B, M> PolicyOptimizer<B, M, AdamWOptimizer<B, M>>
 where
@@ -228,7 +279,7 @@ where
         master: Option<MasterDtype>,
     ) -> Self {
         Self::new(
-            settings.adamw_config().init::<B, M>(),
+            OptimizerAdaptor::from(AdamWInParamDtype::new(settings.adamw_config().build())),
             LrScheduler::new(schedule),
             clip_grad,
             master,

@@ -43,6 +43,13 @@ fn write_prompts(path: &Path, prompts: &[(&str, &str)]) {
 /// The recipe at a tiny size in `root`: 32x48 images (a 2x3 token grid), 4 steps, 2 prompts
 /// x 4 candidates, LoRA rank 2.
 fn tiny_config(root: &Path, rollouts: u64, extra: &[&str]) -> TrainConfig {
+    let lora = ["lora.rank=2", "lora.alpha=4.0"];
+    let extra: Vec<&str> = lora.iter().chain(extra).copied().collect();
+    tiny_config_of(RecipeName::QwenImageT2iLora, root, rollouts, &extra)
+}
+
+/// [`tiny_config`]'s sizes on `recipe`, without its LoRA keys.
+fn tiny_config_of(recipe: RecipeName, root: &Path, rollouts: u64, extra: &[&str]) -> TrainConfig {
     let train_file = root.join("train.jsonl");
     let eval_file = root.join("eval.jsonl");
     write_prompts(
@@ -74,8 +81,6 @@ fn tiny_config(root: &Path, rollouts: u64, extra: &[&str]) -> TrainConfig {
         "rollout.prompts_per_rollout=2".into(),
         "rollout.group_size=4".into(),
         "rollout.micro_batch_size=4".into(),
-        "lora.rank=2".into(),
-        "lora.alpha=4.0".into(),
         "eval.interval=1".into(),
         "eval.samples_per_prompt=1".into(),
         "checkpoint.save_interval=1".into(),
@@ -87,7 +92,7 @@ fn tiny_config(root: &Path, rollouts: u64, extra: &[&str]) -> TrainConfig {
     ];
     o.extend(extra.iter().map(|s| s.to_string()));
     let overrides = Override::parse_all(&o).unwrap();
-    let mut cfg = TrainConfig::from_recipe(RecipeName::QwenImageT2iLora, &overrides).unwrap();
+    let mut cfg = TrainConfig::from_recipe(recipe, &overrides).unwrap();
     cfg.model.generator = GeneratorSource::QwenImage {
         model_path: fixtures().join("qwen_image").join("tiny_pipeline"),
         variant: None,
@@ -191,6 +196,108 @@ fn the_recipe_runs_end_to_end_on_the_tiny_directory_and_resumes() {
             "{form:?} was not verified"
         );
     }
+}
+
+/// Seed 002's full fine-tune recipe (`qwen_image_t2i_full`: every weight trained, held in
+/// bf16 as `model.param_dtype` says, no f32 master copy) at the tiny size: it trains, commits
+/// a checkpoint of the whole transformer, resumes from it with AdamW's bf16 moments restored
+/// exactly (the resumed rollout's metrics are the uninterrupted run's bits), and exports the
+/// merged form, which rebuilds the policy in f32 from the bf16 checkpoint and checks its
+/// velocities against the trained policy's. The adapter forms are refused by name.
+#[test]
+fn the_full_fine_tune_in_bf16_trains_resumes_and_exports() {
+    let root = tempfile::tempdir().unwrap();
+    let run_dir = root.path().join("run");
+    let device = Default::default();
+    let full = RecipeName::QwenImageT2iFull;
+    // micro-batches of the whole group; a rate at which bf16 weights visibly move
+    let sizes = [
+        "rollout.micro_batch_size=4",
+        "optimizer.lr_warmup_iters=0",
+        "optimizer.lr=1e-3",
+    ];
+    let cfg = tiny_config_of(full, root.path(), 2, &sizes);
+    assert_eq!(
+        cfg.model.param_dtype,
+        Some(trainer_fsdp::config::ParamDtype::Bf16)
+    );
+    let pre = cfg.preflight().unwrap();
+    let summary = train::<B>(&cfg, &pre, &run_dir, &device, &StopFlag::new()).unwrap();
+    assert_eq!(summary.last_rollout, Some(1));
+    assert!(summary.final_eval.unwrap().reward.is_finite());
+    let metrics = read_jsonl(&run_dir.join("metrics.jsonl")).unwrap();
+    let steps: Vec<Option<f64>> = metrics
+        .iter()
+        .filter_map(|r| r.metrics.get(names::TRAIN_OPTIMIZER_STEPS).copied())
+        .collect();
+    assert_eq!(steps, [Some(2.0), Some(2.0)], "{metrics:?}");
+    let store = CheckpointStore::new(root.path().join("ckpt"), "t2i", None).unwrap();
+    assert_eq!(store.latest_committed().unwrap().unwrap().iteration, 1);
+
+    let mut more: Vec<&str> = sizes.to_vec();
+    more.push("checkpoint.resume=true");
+    let cfg = tiny_config_of(full, root.path(), 3, &more);
+    let pre = cfg.preflight().unwrap();
+    let summary = train::<B>(&cfg, &pre, &run_dir, &device, &StopFlag::new()).unwrap();
+    assert_eq!(summary.last_rollout, Some(2));
+    // the resumed rollout is the uninterrupted run's, bit for bit: the bf16 moments came back
+    // exactly from the checkpoint's f32 record
+    let straight = tempfile::tempdir().unwrap();
+    let cfg = tiny_config_of(full, straight.path(), 3, &sizes);
+    let pre = cfg.preflight().unwrap();
+    let straight_run = straight.path().join("run");
+    train::<B>(&cfg, &pre, &straight_run, &device, &StopFlag::new()).unwrap();
+    let last_train = |dir: &Path| {
+        read_jsonl(&dir.join("metrics.jsonl"))
+            .unwrap()
+            .into_iter()
+            .rfind(|r| r.step == 2 && r.metrics.contains_key(names::TRAIN_OPTIMIZER_STEPS))
+            .unwrap()
+            .metrics
+    };
+    let (resumed, uninterrupted) = (last_train(&run_dir), last_train(&straight_run));
+    for key in ["train/loss", "train/grad_norm", "train/approx_kl"] {
+        assert_eq!(resumed[key], uninterrupted[key], "{key}");
+        assert!(resumed[key].is_some(), "{key}");
+    }
+
+    let out = root.path().join("exports").join("merged");
+    let report = export::<B>(
+        &run_dir,
+        None,
+        None,
+        &out,
+        &ExportRequest::new(ExportForm::Merged),
+        false,
+        &device,
+    )
+    .unwrap();
+    assert!(report.exported.verification.is_some(), "not verified");
+    // the export differs from the base: the full fine-tune moved the weights
+    let base = fixtures()
+        .join("qwen_image")
+        .join("tiny_pipeline")
+        .join("transformer");
+    let [trained, base] = [out.as_path(), base.as_path()].map(|dir| {
+        model_weights::Checkpoint::open_variant(dir, &[model_weights::DIFFUSERS], None).unwrap()
+    });
+    let key = "transformer_blocks.0.attn.to_q.weight";
+    let (t, b) = (trained.read_f32(key).unwrap(), base.read_f32(key).unwrap());
+    assert_eq!(t.len(), b.len());
+    assert!(t.iter().zip(&b).any(|(x, y)| x != y), "{key} did not move");
+
+    let refused = export::<B>(
+        &run_dir,
+        None,
+        None,
+        &root.path().join("exports").join("peft"),
+        &ExportRequest::new(ExportForm::Peft),
+        false,
+        &device,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(refused.contains("merged"), "{refused}");
 }
 
 /// A job that only reports which world and algorithm it was handed.
