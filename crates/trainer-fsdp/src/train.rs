@@ -30,6 +30,7 @@ use burn::tensor::{DType, ElementConversion, Tensor};
 use flow_grpo::{
     AdvantageConfig, Advantages, PlannedUpdate, PromptStatTracker, RewardGroup, compute_advantages,
 };
+use model_weights::in_dtype;
 
 use crate::checkpoint::TrainerState;
 use crate::clip::{ClipReport, clip_grad_norm};
@@ -249,12 +250,11 @@ impl<B: burn::tensor::backend::Backend> SimpleOptimizer<B> for AdamWInParamDtype
         state: Option<Self::State<D>>,
     ) -> (Tensor<B, D>, Option<Self::State<D>>) {
         let dtype = grad.dtype();
-        let in_dtype = |t: Tensor<B, D>| if t.dtype() == dtype { t } else { t.cast(dtype) };
         let state = state.map(|mut s| {
             let m = &mut s.momentum;
-            m.moment_1 = in_dtype(m.moment_1.clone());
-            m.moment_2 = in_dtype(m.moment_2.clone());
-            m.max_moment_2 = m.max_moment_2.take().map(in_dtype);
+            m.moment_1 = in_dtype(m.moment_1.clone(), dtype);
+            m.moment_2 = in_dtype(m.moment_2.clone(), dtype);
+            m.max_moment_2 = m.max_moment_2.take().map(|t| in_dtype(t, dtype));
             s
         });
         self.0.step(lr, tensor, grad, state)
