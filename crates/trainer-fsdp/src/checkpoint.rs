@@ -58,6 +58,9 @@ use crate::rng::TrainerRng;
 pub const WEIGHTS_FILE: &str = "model.mpk";
 /// The EMA copy of the trainable weights (with `[ema]`).
 pub const EMA_FILE: &str = "ema.mpk";
+/// The EMA's f32 average, where it is kept apart from [`EMA_FILE`]'s copy (trainable weights
+/// below f32 under `ema.precision = "fp32"`).
+pub const EMA_AVERAGE_FILE: &str = "ema_f32.mpk";
 /// The sampling copy of the trainable weights (DiffusionNFT's `θ_old`).
 pub const SAMPLER_FILE: &str = "sampler.mpk";
 /// The optimizer state.
@@ -546,6 +549,7 @@ impl CheckpointStore {
         let reserved = [
             WEIGHTS_FILE,
             EMA_FILE,
+            EMA_AVERAGE_FILE,
             SAMPLER_FILE,
             OPTIMIZER_FILE,
             RNG_FILE,

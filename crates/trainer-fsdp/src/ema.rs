@@ -18,12 +18,22 @@
 //! policy (burn tensors are reference-counted), so it costs one more set of trainable
 //! parameters. Its parameters keep the policy's [`ParamId`]s, which is how [`Ema::update`]
 //! pairs them.
+//!
+//! Trainable parameters held below f32 (a full fine-tune in bf16) are averaged in f32 by
+//! default ([`EmaPrecision::Fp32`]): `(1 - d) · (θ - ema)` is then usually below half a bf16
+//! step of `ema`, so an average kept in bf16 rounds every move away and stays where it
+//! started (with `d` = 0.99, a weight 1.0 whose live value sits at 1.0078, one bf16 step
+//! up, never moves). The f32 average costs one f32 copy of those parameters; the copy that
+//! evaluations and checkpoints' readable files use is that average rounded to the
+//! parameters' own dtype. [`EmaPrecision::Param`] averages in the parameters' dtype, as
+//! diffusers' `EMAModel` and flow_grpo's `EMAModuleWrapper` do (their shadow parameters are
+//! clones of the trained ones).
 
 use std::collections::HashMap;
 
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
-use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
+use burn::tensor::{DType, Tensor};
 
 /// How the decay grows over the first optimizer steps.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -39,6 +49,16 @@ pub enum EmaWarmup {
     },
 }
 
+/// The dtype the average of trainable parameters held below f32 is kept in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum EmaPrecision {
+    /// In f32, rounded to the parameters' dtype for the copy evaluations use.
+    #[default]
+    Fp32,
+    /// In the parameters' own dtype (diffusers' `EMAModel`, flow_grpo's `EMAModuleWrapper`).
+    Param,
+}
+
 /// The EMA's schedule.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct EmaSettings {
@@ -48,6 +68,8 @@ pub struct EmaSettings {
     pub warmup: EmaWarmup,
     /// The EMA moves after every `interval`-th optimizer step (`>= 1`).
     pub interval: u64,
+    /// Where trainable parameters are held below f32, the dtype of their average.
+    pub precision: EmaPrecision,
 }
 
 impl EmaSettings {
@@ -55,12 +77,13 @@ impl EmaSettings {
     /// after that step.
     ///
     /// ```
-    /// use trainer_fsdp::ema::{EmaSettings, EmaWarmup};
-    /// let flow_grpo = EmaSettings { decay: 0.9, warmup: EmaWarmup::FlowGrpo, interval: 8 };
+    /// use trainer_fsdp::ema::{EmaPrecision, EmaSettings, EmaWarmup};
+    /// let precision = EmaPrecision::Fp32;
+    /// let flow_grpo = EmaSettings { decay: 0.9, warmup: EmaWarmup::FlowGrpo, interval: 8, precision };
     /// assert_eq!(flow_grpo.decay_at(7), None);
     /// assert_eq!(flow_grpo.decay_at(8), Some(9.0 / 18.0));
     /// assert_eq!(flow_grpo.decay_at(800), Some(0.9));
-    /// let awm = EmaSettings { decay: 0.3, warmup: EmaWarmup::Linear { ramp: 0.001 }, interval: 1 };
+    /// let awm = EmaSettings { decay: 0.3, warmup: EmaWarmup::Linear { ramp: 0.001 }, interval: 1, precision };
     /// assert_eq!(awm.decay_at(100), Some(0.1));
     /// assert_eq!(awm.decay_at(1000), Some(0.3));
     /// ```
@@ -82,16 +105,62 @@ impl EmaSettings {
 #[derive(Debug, Clone)]
 pub struct Ema<M> {
     /// The averaged module (the policy's structure and parameter ids; its trainable
-    /// parameters are the averages).
+    /// parameters are the averages, in the policy's dtypes).
     pub model: M,
     /// The schedule.
     pub settings: EmaSettings,
+    /// The average in f32, where it is kept apart from `model` ([`EmaPrecision::Fp32`] and
+    /// trainable parameters below f32): the same module with those parameters in f32.
+    average: Option<M>,
 }
 
 impl<M> Ema<M> {
     /// An EMA starting at `model` (a clone of the policy).
-    pub fn new(model: M, settings: EmaSettings) -> Self {
-        Self { model, settings }
+    pub fn new<B: Backend>(model: M, settings: EmaSettings) -> Self
+    where
+        M: Module<B>,
+    {
+        let average = match settings.precision {
+            EmaPrecision::Fp32 => widened::<B, M>(&model),
+            EmaPrecision::Param => None,
+        };
+        Self {
+            model,
+            settings,
+            average,
+        }
+    }
+
+    /// An EMA restored from a checkpoint: `model` as it was saved, and the f32 `average` when
+    /// one was saved beside it. Without one (a checkpoint written before averages were kept
+    /// in f32), it is `model` widened, as [`Ema::new`] would start it.
+    pub fn restored<B: Backend>(model: M, average: Option<M>, settings: EmaSettings) -> Self
+    where
+        M: Module<B>,
+    {
+        let mut ema = Self::new::<B>(model, settings);
+        if ema.average.is_some()
+            && let Some(average) = average
+        {
+            ema.average = Some(average);
+        }
+        ema
+    }
+
+    /// The f32 average when it is kept apart from [`Ema::model`] (what a checkpoint saves
+    /// beside it for an exact resume).
+    pub fn average(&self) -> Option<&M> {
+        self.average.as_ref()
+    }
+
+    /// `model` in the layout of this EMA's f32 average (trainable parameters below f32 in
+    /// f32), for loading a saved average into; `None` when this EMA keeps none.
+    pub fn average_skeleton<B: Backend>(&self, model: M) -> Option<M>
+    where
+        M: Module<B>,
+    {
+        self.average.as_ref()?;
+        widened::<B, M>(&model)
     }
 
     /// Moves the average toward `policy` after optimizer step `step` (1-based), if the
@@ -101,15 +170,93 @@ impl<M> Ema<M> {
         M: Module<B> + Clone,
     {
         let decay = self.settings.decay_at(step)?;
-        self.model = blend(self.model.clone(), policy, decay);
+        match self.average.take() {
+            Some(average) => {
+                let average = blend(average, policy, decay);
+                self.model = rounded_to(self.model.clone(), &average);
+                self.average = Some(average);
+            }
+            None => self.model = blend(self.model.clone(), policy, decay),
+        }
         Some(decay)
+    }
+}
+
+/// `model` with its trainable float parameters below f32 cast to f32 (ids and trainability
+/// kept; frozen parameters shared), or `None` when it has no such parameter.
+fn widened<B: Backend, M: Module<B>>(model: &M) -> Option<M> {
+    let mut find = FindNarrow(false);
+    model.visit(&mut find);
+    find.0.then(|| model.clone().map(&mut Widen))
+}
+
+fn is_narrow(dtype: DType) -> bool {
+    matches!(dtype, DType::BF16 | DType::F16)
+}
+
+struct FindNarrow(bool);
+
+impl<B: Backend> ModuleVisitor<B> for FindNarrow {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        self.0 |= param.is_require_grad() && is_narrow(param.val().dtype());
+    }
+}
+
+struct Widen;
+
+impl<B: Backend> ModuleMapper<B> for Widen {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        if !param.is_require_grad() {
+            return param;
+        }
+        param.map(|t| {
+            if is_narrow(t.dtype()) {
+                t.set_require_grad(false)
+                    .cast(DType::F32)
+                    .set_require_grad(true)
+            } else {
+                t
+            }
+        })
+    }
+}
+
+/// `target`'s trainable float parameters replaced by `source`'s of the same id, cast to
+/// `target`'s dtype (detached, still trainable).
+fn rounded_to<B: Backend, M: Module<B>>(target: M, source: &M) -> M {
+    let mut collect = CollectFlat::<B> {
+        values: HashMap::new(),
+    };
+    source.visit(&mut collect);
+    target.map(&mut Replace::<B> {
+        values: collect.values,
+    })
+}
+
+struct Replace<B: Backend> {
+    values: HashMap<ParamId, Tensor<B, 1>>,
+}
+
+impl<B: Backend> ModuleMapper<B> for Replace<B> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        if !param.is_require_grad() {
+            return param;
+        }
+        let Some(source) = self.values.remove(&param.id) else {
+            return param;
+        };
+        param.map(|t| {
+            let (dims, dtype) = (t.dims(), t.dtype());
+            source.reshape(dims).cast(dtype).detach().require_grad()
+        })
     }
 }
 
 /// `target <- decay · target + (1 - decay) · source` for every trainable float parameter of
 /// `target`, paired with `source`'s by [`ParamId`] (a parameter `source` lacks is left as it
-/// is; the copies of one module have the same ids). The result is detached and keeps
-/// requiring gradients where the target did (the checkpoint writes trainable parameters).
+/// is; the copies of one module have the same ids), computed in the target's dtype. The
+/// result is detached and keeps requiring gradients where the target did (the checkpoint
+/// writes trainable parameters).
 pub fn blend<B: Backend, M: Module<B>>(target: M, source: &M, decay: f64) -> M {
     let mut collect = CollectFlat::<B> {
         values: HashMap::new(),
@@ -152,8 +299,9 @@ impl<B: Backend> ModuleMapper<B> for Mix<B> {
         };
         let decay = self.decay;
         param.map(|t| {
-            let dims = t.dims();
-            let mixed = t.detach().mul_scalar(decay) + source.reshape(dims).mul_scalar(1.0 - decay);
+            let (dims, dtype) = (t.dims(), t.dtype());
+            let source = model_weights::in_dtype(source.reshape(dims), dtype);
+            let mixed = t.detach().mul_scalar(decay) + source.mul_scalar(1.0 - decay);
             mixed.detach().require_grad()
         })
     }
@@ -163,6 +311,7 @@ impl<B: Backend> ModuleMapper<B> for Mix<B> {
 mod tests {
     use super::*;
     use burn::backend::{Autodiff, Flex};
+    use burn::tensor::DType;
 
     type AB = Autodiff<Flex>;
 
@@ -210,12 +359,14 @@ mod tests {
             decay: 0.9,
             warmup: EmaWarmup::FlowGrpo,
             interval: 1,
+            precision: EmaPrecision::Fp32,
         };
         assert_eq!(s.decay_at(1), Some(2.0 / 11.0));
         let s = EmaSettings {
             decay: 0.5,
             warmup: EmaWarmup::None,
             interval: 2,
+            precision: EmaPrecision::Fp32,
         };
         assert_eq!((s.decay_at(1), s.decay_at(2)), (None, Some(0.5)));
         // the first step under a linear ramp keeps almost nothing of the start
@@ -223,9 +374,10 @@ mod tests {
             decay: 0.3,
             warmup: EmaWarmup::Linear { ramp: 0.001 },
             interval: 1,
+            precision: EmaPrecision::Fp32,
         };
         assert_eq!(s.decay_at(1), Some(0.001));
-        let mut ema = Ema::new(two([0.0, 0.0], 1.0), s);
+        let mut ema = Ema::new::<AB>(two([0.0, 0.0], 1.0), s);
         let policy = {
             let mut p = ema.model.clone();
             p.a = p.a.map(|t| t.add_scalar(1.0).detach().require_grad());
@@ -234,5 +386,112 @@ mod tests {
         assert_eq!(ema.update::<AB>(&policy, 1), Some(0.001));
         let v = values(&ema.model.a.val());
         assert!((v[0] - 0.999).abs() < 1e-6, "{v:?}");
+    }
+
+    /// `two`, its trainable parameter held in bf16.
+    fn two_bf16(a: [f32; 2]) -> Two<AB> {
+        let m = two(a, 5.0);
+        Two {
+            a: m.a.map(|t| {
+                t.set_require_grad(false)
+                    .cast(DType::BF16)
+                    .set_require_grad(true)
+            }),
+            frozen: m.frozen,
+        }
+    }
+
+    fn f64s(t: &Tensor<AB, 1>) -> Vec<f64> {
+        t.clone()
+            .into_data()
+            .convert::<f64>()
+            .to_vec::<f64>()
+            .unwrap()
+    }
+
+    fn settings(precision: EmaPrecision) -> EmaSettings {
+        EmaSettings {
+            decay: 0.99,
+            warmup: EmaWarmup::None,
+            interval: 1,
+            precision,
+        }
+    }
+
+    #[test]
+    fn a_bf16_average_is_kept_in_f32_where_bf16_would_round_every_move_away() {
+        // the live weights one bf16 step (2^-7) above where the average starts
+        let step = 1.0 / 128.0;
+        let policy = {
+            let mut p = two_bf16([1.0, 1.0]);
+            p.a = p.a.map(|t| t.add_scalar(step).detach().require_grad());
+            p
+        };
+        assert_eq!(f64s(&policy.a.val()), vec![1.0 + step; 2]);
+        let start = || {
+            let mut m = policy.clone();
+            m.a = m.a.map(|t| t.sub_scalar(step).detach().require_grad());
+            m
+        };
+        let n = 100;
+        // in bf16: each move, 0.01 of a step, rounds away
+        let mut param = Ema::new::<AB>(start(), settings(EmaPrecision::Param));
+        assert!(param.average().is_none());
+        for s in 1..=n {
+            param.update::<AB>(&policy, s);
+        }
+        assert_eq!(f64s(&param.model.a.val()), vec![1.0; 2]);
+        // in f32: the average follows 1 + step (1 - 0.99^n), and the bf16 copy is it rounded
+        let mut fp32 = Ema::new::<AB>(start(), settings(EmaPrecision::Fp32));
+        for s in 1..=n {
+            fp32.update::<AB>(&policy, s);
+        }
+        let want = 1.0 + step * (1.0 - 0.99f64.powi(n as i32));
+        let average = fp32.average().unwrap();
+        assert_eq!(average.a.val().dtype(), DType::F32);
+        for v in f64s(&average.a.val()) {
+            assert!((v - want).abs() < 1e-6, "{v} against {want}");
+        }
+        assert_eq!(fp32.model.a.val().dtype(), DType::BF16);
+        assert_eq!(fp32.model.a.id, policy.a.id);
+        assert!(fp32.model.a.is_require_grad());
+        for v in f64s(&fp32.model.a.val()) {
+            assert!(
+                (v - want).abs() <= step / 2.0 + 1e-9,
+                "{v} is not {want} rounded"
+            );
+        }
+        // the frozen parameter is the policy's, not widened
+        assert_eq!(average.frozen.val().dtype(), policy.frozen.val().dtype());
+    }
+
+    #[test]
+    fn a_restored_average_continues_as_the_uninterrupted_one() {
+        let policy = two_bf16([1.5, -0.25]);
+        let start = || two_bf16([1.0, 0.0]);
+        let mut straight = Ema::new::<AB>(start(), settings(EmaPrecision::Fp32));
+        for s in 1..=3 {
+            straight.update::<AB>(&policy, s);
+        }
+        // what a checkpoint holds: the rounded copy and the f32 average
+        let saved = (straight.model.clone(), straight.average().cloned());
+        let mut resumed = Ema::restored::<AB>(saved.0.clone(), saved.1, straight.settings);
+        straight.update::<AB>(&policy, 4);
+        resumed.update::<AB>(&policy, 4);
+        assert_eq!(
+            f64s(&resumed.average().unwrap().a.val()),
+            f64s(&straight.average().unwrap().a.val())
+        );
+        assert_eq!(f64s(&resumed.model.a.val()), f64s(&straight.model.a.val()));
+        // a checkpoint without the average starts it from the rounded copy
+        let old = Ema::restored::<AB>(saved.0.clone(), None, straight.settings);
+        assert_eq!(
+            f64s(&old.average().unwrap().a.val()),
+            f64s(&saved.0.a.val())
+        );
+        // f32 parameters need no separate average
+        let f32s = Ema::new::<AB>(two([1.0, 0.0], 5.0), settings(EmaPrecision::Fp32));
+        assert!(f32s.average().is_none());
+        assert!(f32s.average_skeleton::<AB>(two([0.0, 0.0], 5.0)).is_none());
     }
 }

@@ -54,7 +54,8 @@ use trajectory::{
 
 use crate::algorithm::{Algorithm, Recording};
 use crate::checkpoint::{
-    CheckpointStore, CommittedCheckpoint, EMA_FILE, SAMPLER_FILE, SavedDtype, TrainerState,
+    CheckpointStore, CommittedCheckpoint, EMA_AVERAGE_FILE, EMA_FILE, SAMPLER_FILE, SavedDtype,
+    TrainerState,
 };
 use crate::config::{CheckpointFailurePolicy, EvalGuidance, Preflight, TrainConfig};
 use crate::ema::{Ema, blend};
@@ -517,15 +518,33 @@ where
                     )
                     .and_then(|r| {
                         let restored_ema = match ema.take() {
-                            Some(e) => Some(Ema::new(
-                                store.load_copy::<B, _>(
+                            Some(e) => {
+                                let model = store.load_copy::<B, _>(
                                     &checkpoint,
                                     EMA_FILE,
                                     r.model.clone(),
                                     SavedDtype::Exact,
-                                )?,
-                                e.settings,
-                            )),
+                                )?;
+                                // the f32 average, where one is kept (a checkpoint from
+                                // before averages were kept apart has none)
+                                let average = match e.average_skeleton::<B>(r.model.clone()) {
+                                    Some(skeleton) => match store.load_copy::<B, _>(
+                                        &checkpoint,
+                                        EMA_AVERAGE_FILE,
+                                        skeleton,
+                                        SavedDtype::Exact,
+                                    ) {
+                                        Ok(average) => Some(average),
+                                        Err(TrainerError::Checkpoint {
+                                            problem: CheckpointProblem::MissingFile { .. },
+                                            ..
+                                        }) => None,
+                                        Err(err) => return Err(err),
+                                    },
+                                    None => None,
+                                };
+                                Some(Ema::restored::<B>(model, average, e.settings))
+                            }
                             None => None,
                         };
                         let restored_sampler = match sampler.take() {
@@ -1309,8 +1328,11 @@ where
             readable.extend(v.files()?);
         }
         let mut copies: Vec<(&'static str, &W::Policy)> = Vec::new();
-        if let Some(e) = self.ema_model() {
-            copies.push((EMA_FILE, e));
+        if let Some(e) = &self.ema {
+            copies.push((EMA_FILE, &e.model));
+            if let Some(average) = e.average() {
+                copies.push((EMA_AVERAGE_FILE, average));
+            }
         }
         if let Some(s) = &self.sampler {
             copies.push((SAMPLER_FILE, s));

@@ -204,6 +204,89 @@ fn the_recipe_runs_end_to_end_on_the_tiny_directory_and_resumes() {
 /// exactly (the resumed rollout's metrics are the uninterrupted run's bits), and exports the
 /// merged form, which rebuilds the policy in f32 from the bf16 checkpoint and checks its
 /// velocities against the trained policy's. The adapter forms are refused by name.
+/// The metrics of the record at `step` that holds a training phase.
+fn train_record(dir: &Path, step: u64) -> std::collections::BTreeMap<String, Option<f64>> {
+    read_jsonl(&dir.join("metrics.jsonl"))
+        .unwrap()
+        .into_iter()
+        .rfind(|r| r.step == step && r.metrics.contains_key(names::TRAIN_OPTIMIZER_STEPS))
+        .unwrap()
+        .metrics
+        .into_iter()
+        .collect()
+}
+
+#[test]
+fn the_ema_of_a_bf16_full_fine_tune_averages_in_f32_and_resumes_exactly() {
+    let root = tempfile::tempdir().unwrap();
+    let run_dir = root.path().join("run");
+    let device = Default::default();
+    let full = RecipeName::QwenImageT2iFull;
+    let sizes = [
+        "optimizer.lr_warmup_iters=0",
+        "optimizer.lr=1e-3",
+        "ema={ decay = 0.9, warmup = \"none\", update_interval = 1, precision = \"fp32\" }",
+    ];
+    let cfg = tiny_config_of(full, root.path(), 2, &sizes);
+    let pre = cfg.preflight().unwrap();
+    train::<B>(&cfg, &pre, &run_dir, &device, &StopFlag::new()).unwrap();
+    // the checkpoint keeps the f32 average beside the bf16 copy evaluations sample with
+    let store = CheckpointStore::new(root.path().join("ckpt"), "t2i", None).unwrap();
+    let last = store.latest_committed().unwrap().unwrap();
+    for name in [
+        trainer_fsdp::checkpoint::EMA_FILE,
+        trainer_fsdp::checkpoint::EMA_AVERAGE_FILE,
+    ] {
+        assert!(store.read_file(&last, name).unwrap().is_some(), "{name}");
+    }
+
+    let mut more: Vec<&str> = sizes.to_vec();
+    more.push("checkpoint.resume=true");
+    let cfg = tiny_config_of(full, root.path(), 3, &more);
+    let pre = cfg.preflight().unwrap();
+    train::<B>(&cfg, &pre, &run_dir, &device, &StopFlag::new()).unwrap();
+    let straight = tempfile::tempdir().unwrap();
+    let cfg = tiny_config_of(full, straight.path(), 3, &sizes);
+    let pre = cfg.preflight().unwrap();
+    let straight_run = straight.path().join("run");
+    train::<B>(&cfg, &pre, &straight_run, &device, &StopFlag::new()).unwrap();
+    // the evaluation after the resumed rollout samples with the EMA: the same bits as the
+    // uninterrupted run's, so the average came back exactly
+    let (resumed, uninterrupted) = (train_record(&run_dir, 2), train_record(&straight_run, 2));
+    for key in ["train/loss", "eval/reward"] {
+        assert!(resumed[key].is_some(), "{key}");
+        assert_eq!(resumed[key], uninterrupted[key], "{key}");
+    }
+
+    // the export holds the EMA copy, and it moved from the base
+    let out = root.path().join("exports").join("merged");
+    export::<B>(
+        &run_dir,
+        None,
+        None,
+        &out,
+        &ExportRequest::new(ExportForm::Merged),
+        false,
+        &device,
+    )
+    .unwrap();
+    let base = fixtures()
+        .join("qwen_image")
+        .join("tiny_pipeline")
+        .join("transformer");
+    let [averaged, base] = [out.as_path(), base.as_path()].map(|dir| {
+        model_weights::Checkpoint::open_variant(dir, &[model_weights::DIFFUSERS], None).unwrap()
+    });
+    let key = "transformer_blocks.0.attn.to_q.weight";
+    let (a, b) = (averaged.read_f32(key).unwrap(), base.read_f32(key).unwrap());
+    let moved = a.iter().zip(&b).filter(|(x, y)| x != y).count();
+    assert!(
+        moved * 2 > a.len(),
+        "{moved} of {} weights of {key} moved",
+        a.len()
+    );
+}
+
 #[test]
 fn the_full_fine_tune_in_bf16_trains_resumes_and_exports() {
     let root = tempfile::tempdir().unwrap();

@@ -36,8 +36,8 @@
 //!              kl_coef;
 //!              FDFO (optional): eps, advantage_std_mode
 //! [ema]        decay, warmup ("none" | "flow_grpo" | "linear"), ramp (with "linear"),
-//!              update_interval: the EMA of the trained weights that evaluations sample with
-//!              and checkpoints export                              (optional section)
+//!              update_interval, precision ("fp32" | "param"): the EMA of the trained weights
+//!              that evaluations sample with and checkpoints export (optional section)
 //! [optimizer]  lr, weight_decay, adam_beta1, adam_beta2, adam_eps, clip_grad,
 //!              lr_warmup_iters, lr_scheduler, min_lr, lr_decay_iters (optional)
 //! [reward]     scorers, required_components, component_weights
@@ -105,7 +105,7 @@ use sde_math::solvers::{DpmSecondOrder, DpmSolverPP, OdeSolver, UniPc};
 use serde::{Deserialize, Serialize};
 
 use crate::algorithm::TimestepSubset;
-use crate::ema::{EmaSettings, EmaWarmup};
+use crate::ema::{EmaPrecision, EmaSettings, EmaWarmup};
 use crate::error::{TrainerError, io_err};
 use crate::lr::LrSchedule;
 use crate::value::ValueBaselineSettings;
@@ -1657,6 +1657,24 @@ pub struct EmaSection {
     pub ramp: Option<f64>,
     /// The average moves after every `update_interval`-th optimizer step (flow_grpo: 8).
     pub update_interval: u64,
+    /// Where trainable weights are held below f32 (a full fine-tune in bf16), the dtype of
+    /// their average: `"fp32"` (an f32 average, rounded for the copy evaluations sample
+    /// with) or `"param"` (the weights' own dtype, as diffusers' `EMAModel` and flow_grpo
+    /// keep it, where moves smaller than half a bf16 step round away). Required when the
+    /// trained weights are bf16 (`trainable_mode = "full"`, `param_dtype = "bf16"`, no f32
+    /// master); where they are f32 both mean f32, and absent is `"fp32"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub precision: Option<EmaPrecisionKind>,
+}
+
+/// `[ema] precision`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EmaPrecisionKind {
+    /// An f32 average.
+    Fp32,
+    /// The weights' own dtype.
+    Param,
 }
 
 /// `[ema] warmup`.

@@ -190,7 +190,14 @@ impl TrainConfig {
                 allowed: "a fraction that keeps at least one of the rollout's trained steps (floor(fraction * trained steps) >= 1)",
             });
         }
-        let ema = self.ema.as_ref().and_then(|e| check_ema(e, &mut p));
+        // a full fine-tune holding its trained weights in bf16 (no f32 master)
+        let narrow_trainable = self.model.trainable_mode == TrainableMode::Full
+            && self.model.param_dtype == Some(ParamDtype::Bf16)
+            && self.model.master_dtype != Some(MasterDtype::Fp32);
+        let ema = self
+            .ema
+            .as_ref()
+            .and_then(|e| check_ema(e, narrow_trainable, &mut p));
         if let Some(budget) = self.run.cpu_budget_seconds
             && !(budget.is_finite() && budget > 0.0)
         {
@@ -1021,8 +1028,25 @@ impl TrainConfig {
 }
 
 /// The `[ema]` schedule, validated.
-fn check_ema(e: &EmaSection, p: &mut Vec<PreflightProblem>) -> Option<EmaSettings> {
+fn check_ema(
+    e: &EmaSection,
+    narrow_trainable: bool,
+    p: &mut Vec<PreflightProblem>,
+) -> Option<EmaSettings> {
     let before = p.len();
+    let precision = match e.precision {
+        Some(EmaPrecisionKind::Fp32) => EmaPrecision::Fp32,
+        Some(EmaPrecisionKind::Param) => EmaPrecision::Param,
+        None if narrow_trainable => {
+            p.push(PreflightProblem::OutOfRange {
+                key: "ema.precision",
+                given: "absent".into(),
+                allowed: "\"fp32\" (an f32 average of the bf16 weights) or \"param\" (a bf16 average, as diffusers and flow_grpo keep it, whose small moves round away): required when the trained weights are bf16",
+            });
+            EmaPrecision::Fp32
+        }
+        None => EmaPrecision::Fp32,
+    };
     if !(e.decay.is_finite() && (0.0..1.0).contains(&e.decay)) {
         p.push(PreflightProblem::OutOfRange {
             key: "ema.decay",
@@ -1064,6 +1088,7 @@ fn check_ema(e: &EmaSection, p: &mut Vec<PreflightProblem>) -> Option<EmaSetting
         decay: e.decay,
         warmup: warmup?,
         interval: e.update_interval,
+        precision,
     })
 }
 

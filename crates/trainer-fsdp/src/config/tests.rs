@@ -760,6 +760,7 @@ fn the_ema_section_is_checked() {
             decay: 0.3,
             warmup: crate::ema::EmaWarmup::Linear { ramp: 0.001 },
             interval: 1,
+            precision: crate::ema::EmaPrecision::Fp32,
         })
     );
     let text = problems(&with(&[
@@ -775,6 +776,31 @@ fn the_ema_section_is_checked() {
         text.iter().any(|p| p.contains("ema.ramp = absent")),
         "{text:?}"
     );
+    // the average's dtype is required where the trained weights are bf16 (a full fine-tune
+    // without an f32 master), and taken as given
+    let full = |ema: &str| {
+        let o = Override::parse_all(&[ema.to_string()]).unwrap();
+        TrainConfig::from_recipe(RecipeName::QwenImageT2iFull, &o).unwrap()
+    };
+    let ema = "ema={ decay = 0.9, warmup = \"none\", update_interval = 1 }";
+    let text = problems(&full(ema));
+    assert!(
+        text.iter().any(|p| p.contains("ema.precision = absent")),
+        "{text:?}"
+    );
+    for (given, want) in [
+        ("param", crate::ema::EmaPrecision::Param),
+        ("fp32", crate::ema::EmaPrecision::Fp32),
+    ] {
+        let c = full(&format!(
+            "ema={{ decay = 0.9, warmup = \"none\", update_interval = 1, precision = \"{given}\" }}"
+        ));
+        assert!(
+            !problems(&c).iter().any(|p| p.contains("ema.precision")),
+            "{given}"
+        );
+        assert_eq!(c.preflight().unwrap().ema.unwrap().precision, want);
+    }
     // an unknown key is refused by name
     let err = TrainConfig::from_recipe(
         RecipeName::ShapesWorldLora,
