@@ -362,7 +362,10 @@ fn ones_norm<B: Backend>(d: usize, eps: f64, dev: &B::Device) -> RmsNorm<B> {
     }
 }
 
-fn random_text_encoder<B: Backend>(s: &TextShape, dev: &B::Device) -> TextEncoder<B> {
+/// The text path with random weights in `dtype`, each layer cast as it is made, so that the
+/// device never holds more than one layer in f32 (as the pipeline's loader, which converts
+/// on the host, never holds any).
+fn random_text_encoder<B: Backend>(s: &TextShape, dtype: DType, dev: &B::Device) -> TextEncoder<B> {
     let hd = s.hidden / s.heads;
     let (q, kv) = (s.heads * hd, s.kv_heads * hd);
     let layers = (0..s.layers)
@@ -384,15 +387,15 @@ fn random_text_encoder<B: Backend>(s: &TextShape, dev: &B::Device) -> TextEncode
                 down_proj: random_linear(s.intermediate, s.hidden, false, dev),
             },
         })
+        .map(|layer| cast_float_params(layer, dtype))
         .collect();
+    let embed: Tensor<B, 2> =
+        Tensor::random([s.vocab, s.hidden], Distribution::Normal(0.0, 0.02), dev);
+    let embed_tokens = Param::from_tensor(embed.cast(dtype));
     TextEncoder {
-        embed_tokens: Param::from_tensor(Tensor::random(
-            [s.vocab, s.hidden],
-            Distribution::Normal(0.0, 0.02),
-            dev,
-        )),
+        embed_tokens,
         layers,
-        norm: ones_norm(s.hidden, s.eps, dev),
+        norm: cast_float_params(ones_norm(s.hidden, s.eps, dev), dtype),
         rope_theta: s.rope_theta,
     }
 }
@@ -400,7 +403,7 @@ fn random_text_encoder<B: Backend>(s: &TextShape, dev: &B::Device) -> TextEncode
 fn text_encoder<B: Backend>(args: &Args, device: &B::Device) -> Result<()> {
     let shape = TextShape::new(args.size);
     let t = Instant::now();
-    let encoder = cast_float_params(random_text_encoder::<B>(&shape, device), args.dtype.burn());
+    let encoder = random_text_encoder::<B>(&shape, args.dtype.burn(), device);
     B::sync(device)?;
     let params = encoder.num_params();
     eprintln!(
