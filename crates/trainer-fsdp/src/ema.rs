@@ -173,7 +173,8 @@ impl<M> Ema<M> {
         match self.average.take() {
             Some(average) => {
                 let average = blend(average, policy, decay);
-                self.model = rounded_to(self.model.clone(), &average);
+                // decay 0: the average itself, in the copy's dtypes
+                self.model = blend(self.model.clone(), &average, 0.0);
                 self.average = Some(average);
             }
             None => self.model = blend(self.model.clone(), policy, decay),
@@ -221,41 +222,11 @@ impl<B: Backend> ModuleMapper<B> for Widen {
     }
 }
 
-/// `target`'s trainable float parameters replaced by `source`'s of the same id, cast to
-/// `target`'s dtype (detached, still trainable).
-fn rounded_to<B: Backend, M: Module<B>>(target: M, source: &M) -> M {
-    let mut collect = CollectFlat::<B> {
-        values: HashMap::new(),
-    };
-    source.visit(&mut collect);
-    target.map(&mut Replace::<B> {
-        values: collect.values,
-    })
-}
-
-struct Replace<B: Backend> {
-    values: HashMap<ParamId, Tensor<B, 1>>,
-}
-
-impl<B: Backend> ModuleMapper<B> for Replace<B> {
-    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
-        if !param.is_require_grad() {
-            return param;
-        }
-        let Some(source) = self.values.remove(&param.id) else {
-            return param;
-        };
-        param.map(|t| {
-            let (dims, dtype) = (t.dims(), t.dtype());
-            source.reshape(dims).cast(dtype).detach().require_grad()
-        })
-    }
-}
-
 /// `target <- decay · target + (1 - decay) · source` for every trainable float parameter of
 /// `target`, paired with `source`'s by [`ParamId`] (a parameter `source` lacks is left as it
-/// is; the copies of one module have the same ids), computed in the target's dtype. The
-/// result is detached and keeps requiring gradients where the target did (the checkpoint
+/// is; the copies of one module have the same ids), computed in the target's dtype; at
+/// `decay = 0` the target takes `source`'s values exactly (cast to its dtype). The result is
+/// detached and keeps requiring gradients where the target did (the checkpoint
 /// writes trainable parameters).
 pub fn blend<B: Backend, M: Module<B>>(target: M, source: &M, decay: f64) -> M {
     let mut collect = CollectFlat::<B> {
@@ -301,7 +272,11 @@ impl<B: Backend> ModuleMapper<B> for Mix<B> {
         param.map(|t| {
             let (dims, dtype) = (t.dims(), t.dtype());
             let source = model_weights::in_dtype(source.reshape(dims), dtype);
-            let mixed = t.detach().mul_scalar(decay) + source.mul_scalar(1.0 - decay);
+            let mixed = if decay == 0.0 {
+                source
+            } else {
+                t.detach().mul_scalar(decay) + source.mul_scalar(1.0 - decay)
+            };
             mixed.detach().require_grad()
         })
     }

@@ -204,6 +204,38 @@ fn the_recipe_runs_end_to_end_on_the_tiny_directory_and_resumes() {
 /// exactly (the resumed rollout's metrics are the uninterrupted run's bits), and exports the
 /// merged form, which rebuilds the policy in f32 from the bf16 checkpoint and checks its
 /// velocities against the trained policy's. The adapter forms are refused by name.
+/// The attention weight the full fine-tune tests compare.
+const TO_Q: &str = "transformer_blocks.0.attn.to_q.weight";
+
+/// A merged export of the run in `run_dir` into `out`, its report, and [`TO_Q`] as the export
+/// and as the tiny directory's base hold it.
+fn merged_to_q_against_base(
+    run_dir: &Path,
+    out: &Path,
+) -> (trainer_fsdp::export::ExportReport, Vec<f32>, Vec<f32>) {
+    let report = export::<B>(
+        run_dir,
+        None,
+        None,
+        out,
+        &ExportRequest::new(ExportForm::Merged),
+        false,
+        &Default::default(),
+    )
+    .unwrap();
+    let base = fixtures()
+        .join("qwen_image")
+        .join("tiny_pipeline")
+        .join("transformer");
+    let [exported, base] = [out, base.as_path()].map(|dir| {
+        model_weights::Checkpoint::open_variant(dir, &[model_weights::DIFFUSERS], None)
+            .unwrap()
+            .read_f32(TO_Q)
+            .unwrap()
+    });
+    (report, exported, base)
+}
+
 /// The metrics of the record at `step` that holds a training phase.
 fn train_record(dir: &Path, step: u64) -> std::collections::BTreeMap<String, Option<f64>> {
     read_jsonl(&dir.join("metrics.jsonl"))
@@ -260,29 +292,11 @@ fn the_ema_of_a_bf16_full_fine_tune_averages_in_f32_and_resumes_exactly() {
 
     // the export holds the EMA copy, and it moved from the base
     let out = root.path().join("exports").join("merged");
-    export::<B>(
-        &run_dir,
-        None,
-        None,
-        &out,
-        &ExportRequest::new(ExportForm::Merged),
-        false,
-        &device,
-    )
-    .unwrap();
-    let base = fixtures()
-        .join("qwen_image")
-        .join("tiny_pipeline")
-        .join("transformer");
-    let [averaged, base] = [out.as_path(), base.as_path()].map(|dir| {
-        model_weights::Checkpoint::open_variant(dir, &[model_weights::DIFFUSERS], None).unwrap()
-    });
-    let key = "transformer_blocks.0.attn.to_q.weight";
-    let (a, b) = (averaged.read_f32(key).unwrap(), base.read_f32(key).unwrap());
+    let (_, a, b) = merged_to_q_against_base(&run_dir, &out);
     let moved = a.iter().zip(&b).filter(|(x, y)| x != y).count();
     assert!(
         moved * 2 > a.len(),
-        "{moved} of {} weights of {key} moved",
+        "{moved} of {} weights of {TO_Q} moved",
         a.len()
     );
 }
@@ -326,44 +340,18 @@ fn the_full_fine_tune_in_bf16_trains_resumes_and_exports() {
     let pre = cfg.preflight().unwrap();
     let straight_run = straight.path().join("run");
     train::<B>(&cfg, &pre, &straight_run, &device, &StopFlag::new()).unwrap();
-    let last_train = |dir: &Path| {
-        read_jsonl(&dir.join("metrics.jsonl"))
-            .unwrap()
-            .into_iter()
-            .rfind(|r| r.step == 2 && r.metrics.contains_key(names::TRAIN_OPTIMIZER_STEPS))
-            .unwrap()
-            .metrics
-    };
-    let (resumed, uninterrupted) = (last_train(&run_dir), last_train(&straight_run));
+    let (resumed, uninterrupted) = (train_record(&run_dir, 2), train_record(&straight_run, 2));
     for key in ["train/loss", "train/grad_norm", "train/approx_kl"] {
         assert_eq!(resumed[key], uninterrupted[key], "{key}");
         assert!(resumed[key].is_some(), "{key}");
     }
 
     let out = root.path().join("exports").join("merged");
-    let report = export::<B>(
-        &run_dir,
-        None,
-        None,
-        &out,
-        &ExportRequest::new(ExportForm::Merged),
-        false,
-        &device,
-    )
-    .unwrap();
+    let (report, t, b) = merged_to_q_against_base(&run_dir, &out);
     assert!(report.exported.verification.is_some(), "not verified");
     // the export differs from the base: the full fine-tune moved the weights
-    let base = fixtures()
-        .join("qwen_image")
-        .join("tiny_pipeline")
-        .join("transformer");
-    let [trained, base] = [out.as_path(), base.as_path()].map(|dir| {
-        model_weights::Checkpoint::open_variant(dir, &[model_weights::DIFFUSERS], None).unwrap()
-    });
-    let key = "transformer_blocks.0.attn.to_q.weight";
-    let (t, b) = (trained.read_f32(key).unwrap(), base.read_f32(key).unwrap());
     assert_eq!(t.len(), b.len());
-    assert!(t.iter().zip(&b).any(|(x, y)| x != y), "{key} did not move");
+    assert!(t.iter().zip(&b).any(|(x, y)| x != y), "{TO_Q} did not move");
 
     let refused = export::<B>(
         &run_dir,
