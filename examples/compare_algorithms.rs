@@ -3,11 +3,13 @@
 //! updates; evaluations excluded), as a Markdown table and a PNG plot.
 //!
 //! ```text
-//! cargo run --release --example compare_algorithms                      # 8 methods x 5 seeds, 600 CPU s each
+//! cargo run --release --example compare_algorithms                      # 10 methods x 5 seeds, 600 CPU s each
 //! cargo run --release --example compare_algorithms -- --methods flow_grpo,nft --seeds 1 --budget 120
 //! cargo run --release --example compare_algorithms -- --reuse           # the table again from finished runs
 //! cargo run --release --example compare_algorithms -- --methods awm --variant awm_trust=awm \
 //!     --set-for awm_trust:algorithm.kl_coef=0.001                       # a method beside its variant
+//! cargo run --release --example compare_algorithms -- --from-curves a/curves.csv \
+//!     --from-curves b/curves.csv --out merged                           # the table of earlier runs
 //! ```
 //!
 //! Each run is the recipe (`--recipe`, the shapes world's by default) with the method's
@@ -20,6 +22,11 @@
 //! `<out>/comparison.md`, the plot to `<out>/comparison.png`, every evaluation to
 //! `<out>/curves.csv`. The CPU axis is the process's own CPU time, so a busy machine does not
 //! move it much, but another CPU model does.
+//!
+//! `--from-curves FILE` (repeatable) runs nothing: it rebuilds the table, the plot and one
+//! `curves.csv` from the `curves.csv` of earlier comparisons, so that runs made in several
+//! invocations (or kept as data after their run directories are gone) make one table. A run
+//! (method and seed) that two files both hold is refused.
 
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -34,8 +41,8 @@ use anyhow::{Context, Result, bail};
 use burn::backend::Autodiff;
 use clap::Parser;
 use trainer_fsdp::compare::{
-    ComparisonEntry, RunCurve, comparison_entries, comparison_table, gains_by_seed, run_curve,
-    write_plot,
+    ComparisonEntry, RunCurve, comparison_entries, comparison_table, curves_csv, gains_by_seed,
+    read_curves_csv, run_curve, write_plot,
 };
 use trainer_fsdp::config::algorithm_overrides;
 use trainer_fsdp::{Override, RecipeName, StopFlag, TrainConfig, names, read_jsonl};
@@ -84,11 +91,57 @@ struct Args {
     /// running it again; any other existing run directory is moved aside and run afresh.
     #[arg(long)]
     reuse: bool,
+    /// Run nothing: build the table and the plot from the `curves.csv` of earlier comparisons
+    /// (repeatable; every run in them, in order). The run options do not apply.
+    #[arg(
+        long = "from-curves",
+        value_name = "CSV",
+        conflicts_with_all = ["methods", "variants", "set_for", "reuse", "overrides", "seeds", "first_seed", "budget", "eval_interval", "recipe"]
+    )]
+    from_curves: Vec<PathBuf>,
 }
 
 fn main() -> Result<()> {
     common::keep_freed_pages();
     let args = Args::parse();
+    let (curves, header) = if args.from_curves.is_empty() {
+        run_all(&args)?
+    } else {
+        from_curves(&args.from_curves)?
+    };
+    let Some(first) = curves.first() else {
+        bail!("no runs: give --methods or --variant, or a --from-curves file with rows");
+    };
+    let target = if curves.iter().any(|c| c.method == "flow_grpo") {
+        "flow_grpo"
+    } else {
+        first.method.as_str()
+    };
+    let table = comparison_table(&curves, target);
+    let mut md = format!("{header}Machine: {}\n\n", common::machine());
+    md.push_str(&table);
+    md.push_str("\nGains per seed (final minus base held-out reward):\n\n");
+    md.push_str(&gains_by_seed(&curves));
+    std::fs::create_dir_all(&args.out)?;
+    let md_path = args.out.join("comparison.md");
+    durable::write_atomic(&md_path, md.as_bytes())?;
+    let csv_path = args.out.join("curves.csv");
+    durable::write_atomic(&csv_path, curves_csv(&curves).as_bytes())?;
+    let png = args.out.join("comparison.png");
+    write_plot(&curves, &png)?;
+    println!("\n{table}");
+    println!(
+        "wrote {}, {} and {}",
+        md_path.display(),
+        png.display(),
+        csv_path.display()
+    );
+    Ok(())
+}
+
+/// Every entry's runs (or, with `--reuse`, the finished ones read back), and the command line
+/// for the table's header.
+fn run_all(args: &Args) -> Result<(Vec<RunCurve>, String)> {
     let entries = comparison_entries(&args.methods, &args.variants, &args.set_for)?;
     if !(args.budget.is_finite() && args.budget > 0.0) {
         bail!("--budget {}: expected CPU seconds > 0", args.budget);
@@ -114,7 +167,7 @@ fn main() -> Result<()> {
                 );
             } else {
                 println!("[{done}/{total}] {method}, seed {seed}: {}", dir.display());
-                let cfg = config(recipe, entry, seed, &args, &dir)?;
+                let cfg = config(recipe, entry, seed, args, &dir)?;
                 let pre = cfg.preflight()?;
                 trainer_fsdp::dispatch::train::<Autodiff<flowrl::backend::Cpu>>(
                     &cfg,
@@ -143,64 +196,39 @@ fn main() -> Result<()> {
             curves.push(curve);
         }
     }
-    let Some(first) = entries.first() else {
-        bail!("no methods: give --methods or --variant");
-    };
-    let target = if entries.iter().any(|e| e.label == "flow_grpo") {
-        "flow_grpo"
-    } else {
-        first.label.as_str()
-    };
-    let table = comparison_table(&curves, target);
-    let mut md = format!(
-        "Command: `cargo run --release --example compare_algorithms -- --methods {} --seeds {} --first-seed {} --budget {} --eval-interval {}{}{}{}`\n\
-         Machine: {}\n\n",
+    let mut header = format!(
+        "Command: `cargo run --release --example compare_algorithms -- --methods {} --seeds {} --first-seed {} --budget {} --eval-interval {}",
         args.methods.join(","),
         args.seeds,
         args.first_seed,
         args.budget,
         args.eval_interval,
-        args.overrides
-            .iter()
-            .map(|o| format!(" --set {o}"))
-            .collect::<String>(),
-        args.variants
-            .iter()
-            .map(|v| format!(" --variant {v}"))
-            .collect::<String>(),
-        args.set_for
-            .iter()
-            .map(|o| format!(" --set-for {o}"))
-            .collect::<String>(),
-        common::machine(),
     );
-    md.push_str(&table);
-    md.push_str("\nGains per seed (final minus base held-out reward):\n\n");
-    md.push_str(&gains_by_seed(&curves));
-    std::fs::create_dir_all(&args.out)?;
-    let md_path = args.out.join("comparison.md");
-    durable::write_atomic(&md_path, md.as_bytes())?;
-    let mut csv = String::from("method,seed,training_cpu_seconds,reward,stderr\n");
-    for c in &curves {
-        for p in &c.points {
-            writeln!(
-                csv,
-                "{},{},{:.3},{:.6},{:.6}",
-                c.method, c.seed, p.cpu_seconds, p.reward, p.stderr
-            )?;
-        }
+    for o in &args.overrides {
+        write!(header, " --set {o}")?;
     }
-    durable::write_atomic(&args.out.join("curves.csv"), csv.as_bytes())?;
-    let png = args.out.join("comparison.png");
-    write_plot(&curves, &png)?;
-    println!("\n{table}");
-    println!(
-        "wrote {}, {} and {}",
-        md_path.display(),
-        png.display(),
-        args.out.join("curves.csv").display()
-    );
-    Ok(())
+    for v in &args.variants {
+        write!(header, " --variant {v}")?;
+    }
+    for o in &args.set_for {
+        write!(header, " --set-for {o}")?;
+    }
+    header.push_str("`\n");
+    Ok((curves, header))
+}
+
+/// The runs of earlier comparisons' curves files, and the command line for the table's header.
+fn from_curves(files: &[PathBuf]) -> Result<(Vec<RunCurve>, String)> {
+    let mut curves: Vec<RunCurve> = Vec::new();
+    let mut header = String::from("Command: `cargo run --release --example compare_algorithms --");
+    for f in files {
+        let more = read_curves_csv(f, &curves)?;
+        println!("{}: {} runs", f.display(), more.len());
+        curves.extend(more);
+        write!(header, " --from-curves {}", f.display())?;
+    }
+    header.push_str("` (the runs' own commands made the files)\n");
+    Ok((curves, header))
 }
 
 /// The run of `entry` and `seed` in `dir`.

@@ -208,6 +208,110 @@ pub fn run_curve(method: &str, seed: u64, jsonl: &Path) -> Result<RunCurve, Trai
     })
 }
 
+/// The header of a comparison's curves file ([`curves_csv`]).
+pub const CURVES_CSV_HEADER: &str = "method,seed,training_cpu_seconds,reward,stderr";
+
+/// Every evaluation of `curves` as CSV, one row per evaluation under [`CURVES_CSV_HEADER`]:
+/// the comparison's data, from which [`read_curves_csv`] rebuilds the curves (CPU seconds to
+/// the millisecond, rewards and standard errors to 1e-6).
+pub fn curves_csv(curves: &[RunCurve]) -> String {
+    let mut csv = format!("{CURVES_CSV_HEADER}\n");
+    for c in curves {
+        for p in &c.points {
+            csv.push_str(&format!(
+                "{},{},{:.3},{:.6},{:.6}\n",
+                c.method, c.seed, p.cpu_seconds, p.reward, p.stderr
+            ));
+        }
+    }
+    csv
+}
+
+/// The curves of a curves file written by [`curves_csv`] (a comparison's `curves.csv`), in
+/// the file's order: the rows of one method and seed make one run's curve, in row order.
+///
+/// A run is one block of consecutive rows, so two files of runs (of different methods, or of
+/// other seeds) concatenate into one comparison, and a run that appears twice is refused
+/// rather than merged.
+///
+/// # Errors
+/// Reading the file; [`TrainerError::CurvesCsv`] naming the line for a wrong header, a row
+/// without five fields, a field that is not a number, a NaN reward, or a run (method and
+/// seed) whose rows are not consecutive or that `seen` already holds.
+pub fn read_curves_csv(path: &Path, seen: &[RunCurve]) -> Result<Vec<RunCurve>, TrainerError> {
+    let text = std::fs::read_to_string(path).map_err(crate::error::io_err(path, "read"))?;
+    let bad = |line: usize, problem: String| TrainerError::CurvesCsv {
+        path: path.to_path_buf(),
+        line,
+        problem,
+    };
+    let mut lines = text.lines().enumerate().map(|(i, l)| (i + 1, l.trim_end()));
+    match lines.next() {
+        Some((_, h)) if h == CURVES_CSV_HEADER => {}
+        other => {
+            return Err(bad(
+                1,
+                format!(
+                    "header {:?}: expected {CURVES_CSV_HEADER:?}",
+                    other.map_or("", |(_, h)| h)
+                ),
+            ));
+        }
+    }
+    let mut out: Vec<RunCurve> = Vec::new();
+    for (n, line) in lines {
+        if line.is_empty() {
+            continue;
+        }
+        let f: Vec<&str> = line.split(',').collect();
+        let [method, seed, cpu, reward, stderr] = f[..] else {
+            return Err(bad(
+                n,
+                format!("{line:?}: expected 5 fields ({CURVES_CSV_HEADER})"),
+            ));
+        };
+        let num = |name: &str, v: &str| {
+            v.parse::<f64>()
+                .map_err(|_| bad(n, format!("{name} {v:?}: expected a number")))
+        };
+        let seed: u64 = seed
+            .parse()
+            .map_err(|_| bad(n, format!("seed {seed:?}: expected a whole number")))?;
+        let point = CurvePoint {
+            cpu_seconds: num("training_cpu_seconds", cpu)?,
+            reward: num("reward", reward)?,
+            stderr: num("stderr", stderr)?,
+        };
+        if point.reward.is_nan() {
+            return Err(bad(n, "reward NaN: an evaluation without a reward".into()));
+        }
+        match out.last_mut() {
+            Some(c) if c.method == method && c.seed == seed => c.points.push(point),
+            _ => {
+                let earlier = out
+                    .iter()
+                    .chain(seen)
+                    .any(|c| c.method == method && c.seed == seed);
+                if earlier {
+                    return Err(bad(
+                        n,
+                        format!(
+                            "{method}, seed {seed} appears a second time (a run's rows are one block, \
+                             and each run is read once)"
+                        ),
+                    ));
+                }
+                out.push(RunCurve {
+                    method: method.to_string(),
+                    seed,
+                    points: vec![point],
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// The methods of `curves`, in their first appearance's order.
 fn methods(curves: &[RunCurve]) -> Vec<&str> {
     let mut out: Vec<&str> = Vec::new();
@@ -397,8 +501,8 @@ pub fn write_plot(curves: &[RunCurve], path: &Path) -> Result<(), TrainerError> 
             y_label: "held-out reward",
             integer_x: false,
         },
-        800,
-        480,
+        960,
+        600,
     )?;
     write_png(path, &img)
 }
@@ -508,6 +612,58 @@ mod tests {
         );
         let none = comparison_table(&[curve("nft", 0, &[(0.0, 0.2), (9.0, 0.1)])], "flow_grpo");
         assert!(none.contains("not reached (0/1)"), "{none}");
+    }
+
+    #[test]
+    fn curves_go_through_their_csv_and_bad_files_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let curves = vec![
+            curve("flow_grpo", 0, &[(0.0, 0.2), (50.0, 0.25), (100.5, 0.3)]),
+            curve("nft", 3, &[(0.0, 0.21), (60.25, 0.4)]),
+        ];
+        let a = dir.path().join("a.csv");
+        std::fs::write(&a, curves_csv(&curves)).unwrap();
+        let back = read_curves_csv(&a, &[]).unwrap();
+        assert_eq!(back, curves);
+        // a second file of other runs adds to the first; the same run again is refused
+        let b = dir.path().join("b.csv");
+        std::fs::write(&b, curves_csv(&[curve("nft", 4, &[(0.0, 0.2)])])).unwrap();
+        assert_eq!(read_curves_csv(&b, &back).unwrap()[0].seed, 4);
+        let err = read_curves_csv(&a, &back).unwrap_err().to_string();
+        assert!(
+            err.contains("line 2: flow_grpo, seed 0 appears a second time"),
+            "{err}"
+        );
+        let h = CURVES_CSV_HEADER;
+        for (text, want) in [
+            ("method,seed\n", "line 1: header \"method,seed\""),
+            ("", "line 1: header \"\""),
+            (
+                &format!("{h}\nnft,0,1.0,0.2\n"),
+                "line 2: \"nft,0,1.0,0.2\": expected 5 fields",
+            ),
+            (&format!("{h}\nnft,x,1.0,0.2,0.01\n"), "line 2: seed \"x\""),
+            (
+                &format!("{h}\nnft,0,1.0,0.2,0.01\nnft,0,2,abc,0.01\n"),
+                "line 3: reward \"abc\"",
+            ),
+            (&format!("{h}\nnft,0,1.0,NaN,0.01\n"), "line 2: reward NaN"),
+            (
+                &format!("{h}\nnft,0,0,0.2,0.01\nawm,0,0,0.2,0.01\nnft,0,5,0.3,0.01\n"),
+                "line 4: nft, seed 0 appears a second time",
+            ),
+        ] {
+            std::fs::write(&a, text).unwrap();
+            let err = read_curves_csv(&a, &[]).unwrap_err().to_string();
+            assert!(err.contains(want), "{text:?}: {err}");
+        }
+        // a NaN standard error (one evaluation seed) is data, not an error
+        std::fs::write(&a, format!("{h}\nnft,0,0,0.2,NaN\n")).unwrap();
+        assert!(
+            read_curves_csv(&a, &[]).unwrap()[0].points[0]
+                .stderr
+                .is_nan()
+        );
     }
 
     #[test]

@@ -328,6 +328,18 @@ pub enum TrainerError {
         known: String,
     },
 
+    /// A comparison's curves file ([`crate::compare::read_curves_csv`]) that cannot be read
+    /// back.
+    #[error("{path}, line {line}: {problem}")]
+    CurvesCsv {
+        /// The file.
+        path: PathBuf,
+        /// The 1-based line.
+        line: usize,
+        /// What is wrong, and what is expected.
+        problem: String,
+    },
+
     /// A metrics log without any evaluation.
     #[error("{path} holds no held-out evaluation (eval/reward): the run was never evaluated")]
     NoEvaluations {

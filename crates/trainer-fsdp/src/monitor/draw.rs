@@ -16,8 +16,9 @@ const BLACK: Rgb = [0, 0, 0];
 const GRID: Rgb = [225, 225, 225];
 const GLYPH: u32 = 8;
 const LINE: u32 = 10;
-/// Colours of successive series without their own.
-const PALETTE: [Rgb; 10] = [
+/// Colours of successive series without their own (sixteen, so that a comparison of every
+/// method and its variants draws each in its own).
+const PALETTE: [Rgb; 16] = [
     [31, 119, 180],
     [214, 39, 40],
     [44, 160, 44],
@@ -28,6 +29,12 @@ const PALETTE: [Rgb; 10] = [
     [127, 127, 127],
     [188, 189, 34],
     [23, 190, 207],
+    [57, 59, 121],
+    [99, 121, 57],
+    [140, 109, 49],
+    [132, 60, 57],
+    [123, 65, 115],
+    [0, 128, 128],
 ];
 
 /// One named line of a plot.
