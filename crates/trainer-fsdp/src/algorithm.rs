@@ -55,8 +55,8 @@ pub trait Algorithm<B: AutodiffBackend, W: World<B>>: Sync {
 
     /// What in the config asks for the reference policy ([`World::reference_velocity`]),
     /// e.g. `"algorithm.kl_coef = 0.04"`; `None` (the default) when nothing does. A run whose
-    /// algorithm asks for it in a world whose policy has none refuses to start
-    /// ([`TrainerError::NoReference`]).
+    /// algorithm asks for it, with a policy that carries no reference of its own (a full
+    /// fine-tune), keeps a frozen copy of the pretrained policy for it.
     fn reference_keys(&self) -> Option<String> {
         None
     }
@@ -488,7 +488,7 @@ where
     W: World<B>,
 {
     let reference = |x: Tensor<B, 3>, sigma: Tensor<B, 1>, cond: &W::Cond<B>| {
-        ctx.world.reference_velocity(policy, x, sigma, cond)
+        ctx.reference_velocity(policy, x, sigma, cond)
     };
     let reference: Option<&ReferenceFn<'_, B, W::Cond<B>>> =
         if with_kl { Some(&reference) } else { None };

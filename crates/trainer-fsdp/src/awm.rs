@@ -128,7 +128,7 @@ impl<B: AutodiffBackend, W: World<B>> Algorithm<B, W> for Awm {
         samples: Range<usize>,
     ) -> Result<MicroBatchLoss<B, PolicyDiagnostics>, TrainerError> {
         let reference = |x: Tensor<B, 3>, sigma: Tensor<B, 1>, cond: &W::Cond<B>| {
-            ctx.world.reference_velocity(policy, x, sigma, cond)
+            ctx.reference_velocity(policy, x, sigma, cond)
         };
         let ema = |x: Tensor<B, 3>, sigma: Tensor<B, 1>, cond: &W::Cond<B>| match ctx.ema {
             Some(ema) => Ok(ema.velocity(x, sigma, cond).detach()),

@@ -85,7 +85,8 @@ impl<B: AutodiffBackend, W: World<B>> Algorithm<B, W> for Dpo {
         Some("algorithm.kind = \"dpo\"".into())
     }
 
-    /// Nothing: the reference is the model with its adapters off.
+    /// Nothing: the reference is the pretrained model (the policy with its adapters off, or
+    /// the run's frozen copy of a full fine-tune's pretrained weights).
     fn freeze(
         &self,
         _ctx: &TrainContext<'_, B, W>,
@@ -136,8 +137,7 @@ impl<B: AutodiffBackend, W: World<B>> Algorithm<B, W> for Dpo {
         let n_pairs = pairs.len();
         let v = policy.velocity(rows.x.clone(), rows.sigma.clone(), &rows.cond);
         let v_ref =
-            ctx.world
-                .reference_velocity(policy, rows.x.clone(), rows.sigma.clone(), &rows.cond)?;
+            ctx.reference_velocity(policy, rows.x.clone(), rows.sigma.clone(), &rows.cond)?;
         let errors = |v: Tensor<B, 3>| -> Result<(Tensor<B, 1>, Tensor<B, 1>), TrainerError> {
             // rows are step-major over (winner, loser) picks: [steps, pairs, 2]
             let e = mean_squared_error(v.reshape([n_rows, rows.per]), rows.target.clone())?

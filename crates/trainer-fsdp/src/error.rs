@@ -252,12 +252,14 @@ pub enum TrainerError {
         components: Vec<String>,
     },
 
-    /// The algorithm has a term against the reference policy, and the world's policy has
-    /// none (full fine-tuning of a model whose pretrained weights are not kept).
+    /// The world was asked for the reference velocity of a policy that carries no reference
+    /// of its own (a full fine-tune: no adapters to switch off). A run keeps a frozen
+    /// pretrained copy for such a policy and asks that instead
+    /// ([`crate::run::TrainContext::reference_velocity`]).
     #[error(
-        "{keys} measures drift from the reference policy, and the {world}'s policy has none \
-         (the reference is the pretrained model: the policy with its LoRA adapters off, so it needs \
-         model.trainable_mode = \"lora\"); set it to 0 or train a LoRA adapter"
+        "{keys} asks the {world} for the reference policy of a policy that carries none (the \
+         reference is the policy with its LoRA adapters off, and this one has no adapters); keep a \
+         frozen copy of the pretrained policy and evaluate that (TrainContext::reference_velocity)"
     )]
     NoReference {
         /// The world.

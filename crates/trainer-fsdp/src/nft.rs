@@ -146,7 +146,7 @@ impl<B: AutodiffBackend, W: World<B>> Algorithm<B, W> for Nft {
         let mut kl_ref = None;
         if self.kl_coef != 0.0 {
             let reference = |x: Tensor<B, 3>, sigma: Tensor<B, 1>, cond: &W::Cond<B>| {
-                ctx.world.reference_velocity(policy, x, sigma, cond)
+                ctx.reference_velocity(policy, x, sigma, cond)
             };
             let reference: &ReferenceFn<'_, B, W::Cond<B>> = &reference;
             let kl = rows.velocity_kl(&v, reference)?.mean();

@@ -38,7 +38,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use burn::module::AutodiffModule;
+use burn::module::{AutodiffModule, Module};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Tensor, TensorData};
 use dit_models::AdapterContract;
@@ -229,10 +229,35 @@ pub struct TrainContext<'a, B: AutodiffBackend, W: World<B>> {
     /// The sampling copy of the policy that sampled the rollout, when the algorithm keeps one
     /// ([`Algorithm::sampling_copy`]).
     pub sampling_copy: Option<&'a W::Policy>,
+    /// The frozen pretrained copy of the policy, when the policy carries no reference of its
+    /// own ([`World::has_reference`] is false) and the algorithm uses one: what
+    /// [`TrainContext::reference_velocity`] evaluates instead of the world.
+    pub reference: Option<&'a W::Policy>,
     /// With a learned value baseline ([`Algorithm::value_baseline`]): one advantage per
     /// (sample, trained step) of the rollout, `[samples, trained steps]` row-major, `r - V`
     /// for a sample whose reward is finite and 0 for one whose group failed.
     pub value_advantages: Option<&'a [f32]>,
+}
+
+impl<B: AutodiffBackend, W: World<B>> TrainContext<'_, B, W> {
+    /// The reference policy's velocity at `(x, sigma, cond)`, detached: the frozen pretrained
+    /// copy's where the run keeps one, else the world's ([`World::reference_velocity`], e.g.
+    /// `policy` with its adapters off).
+    ///
+    /// # Errors
+    /// The world's ([`TrainerError::NoReference`] for a policy without a reference).
+    pub fn reference_velocity(
+        &self,
+        policy: &W::Policy,
+        x: Tensor<B, 3>,
+        sigma: Tensor<B, 1>,
+        cond: &W::Cond<B>,
+    ) -> Result<Tensor<B, 3>, TrainerError> {
+        match self.reference {
+            Some(copy) => Ok(copy.velocity(x, sigma, cond).detach()),
+            None => self.world.reference_velocity(policy, x, sigma, cond),
+        }
+    }
 }
 
 type Optim<B, M> = PolicyOptimizer<B, M, AdamWOptimizer<B, M>>;
@@ -256,6 +281,9 @@ where
     ema: Option<Ema<W::Policy>>,
     /// The sampling copy of the policy ([`Algorithm::sampling_copy`]).
     sampler: Option<W::Policy>,
+    /// The frozen pretrained copy of a policy that carries no reference of its own
+    /// ([`World::has_reference`]), when the algorithm measures drift from the reference.
+    reference: Option<W::Policy>,
     /// The learned value baseline ([`Algorithm::value_baseline`]).
     value: Option<ValueBaseline<B>>,
     optimizer: Optim<B, W::Policy>,
@@ -451,14 +479,22 @@ where
             });
         }
         let loaded = world.load_policy(&pre.trainable, cfg.run.seed, &device)?;
-        if let Some(keys) = algorithm.reference_keys()
-            && !world.has_reference(&loaded.model)
-        {
-            return Err(TrainerError::NoReference {
-                world: world.name(),
-                keys,
-            });
-        }
+        // a policy that carries no reference of its own (a full fine-tune: no adapters to
+        // switch off) gets a frozen copy of its pretrained weights, taken before any
+        // checkpoint is restored, so that a resumed run measures drift from the same model
+        let reference = match algorithm.reference_keys() {
+            Some(keys) if !world.has_reference(&loaded.model) => {
+                if io {
+                    println!(
+                        "{keys}: the policy has no adapters to switch off, so the run keeps a \
+                         frozen copy of the pretrained weights as the reference (one more copy \
+                         of the model in memory)"
+                    );
+                }
+                Some(loaded.model.clone().no_grad())
+            }
+            _ => None,
+        };
         if let Some(keys) = algorithm.ema_keys()
             && pre.ema.is_none()
         {
@@ -649,6 +685,7 @@ where
             model: Some(model),
             ema,
             sampler,
+            reference,
             value,
             optimizer,
             contract,
@@ -1117,6 +1154,7 @@ where
             model,
             ema,
             sampler,
+            reference,
             value,
             device,
             stop,
@@ -1157,6 +1195,7 @@ where
             threads: workers.host_threads(),
             ema: ema_at_start.as_ref(),
             sampling_copy: sampler.as_ref(),
+            reference: reference.as_ref(),
             value_advantages: value_adv.as_deref(),
         };
         // every rank must step as often: the same updates and micro-batches (the plans are

@@ -94,8 +94,8 @@ pub fn load_transformer_policy_in<B: AutodiffBackend>(
 }
 
 /// The velocity of a transformer policy's reference: the same model with its LoRA adapters
-/// off, detached ([`TrainerError::NoReference`] without adapters: full fine-tuning keeps no
-/// pretrained copy).
+/// off, detached ([`TrainerError::NoReference`] without adapters: for a full fine-tune the run
+/// keeps a frozen pretrained copy instead).
 pub(crate) fn transformer_reference_velocity<B: Backend>(
     world: &str,
     policy: &QwenImageTransformer2DModel<B>,

@@ -142,14 +142,17 @@ pub trait World<B: AutodiffBackend>: Sync {
         device: &Bx::Device,
     ) -> Result<Self::Cond<Bx>, TrainerError>;
 
-    /// Whether `policy` has a reference policy for [`World::reference_velocity`]: the
-    /// pretrained model the KL terms measure drift from (for an adapted policy, the same model
-    /// with its adapters off). A run whose algorithm uses a reference refuses to start
-    /// without one ([`TrainerError::NoReference`]).
+    /// Whether `policy` carries its own reference policy for [`World::reference_velocity`]:
+    /// the pretrained model the KL terms measure drift from (for an adapted policy, the same
+    /// model with its adapters off). Where it does not (a full fine-tune), a run whose
+    /// algorithm uses a reference keeps a frozen copy of the policy as loaded, before any
+    /// checkpoint is restored, and evaluates that instead
+    /// ([`TrainContext::reference_velocity`](crate::run::TrainContext::reference_velocity)).
     fn has_reference(&self, policy: &Self::Policy) -> bool;
 
     /// The reference policy's velocity at `(x, sigma, cond)`, detached, on the training
-    /// backend (no copy of the policy: e.g. the same LoRA model with its adapters off).
+    /// backend, for a policy that carries its reference ([`World::has_reference`]; no copy of
+    /// the policy: e.g. the same LoRA model with its adapters off).
     ///
     /// # Errors
     /// [`TrainerError::NoReference`] when [`World::has_reference`] is false.

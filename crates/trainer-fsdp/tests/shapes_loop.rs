@@ -8,10 +8,9 @@ use burn::module::AutodiffModule;
 use reward::shapes::ShapesScorer;
 use reward::{Batch, Components, Input, RewardError, Scorer};
 use trainer_fsdp::dispatch::{Job, dispatch};
-use trainer_fsdp::shapes_world::{ShapesWorld, SharedScorer, eval_prompts, train_prompts};
+use trainer_fsdp::shapes_world::{SharedScorer, eval_prompts, train_prompts};
 use trainer_fsdp::{
-    Algorithm, CheckpointStore, FlowGrpo, LocalWorkers, Run, StopFlag, TrainerError, TrainerRng,
-    World, names, read_jsonl,
+    Algorithm, CheckpointStore, StopFlag, TrainerError, TrainerRng, World, names, read_jsonl,
 };
 
 #[path = "shapes_common/mod.rs"]
@@ -297,8 +296,11 @@ fn the_configured_world_is_dispatched() {
 /// adapters off. The first update runs at the reference itself (LoRA's `B` starts at zero), so
 /// the rollout's mean KL is that of the second update alone, and positive. Under full
 /// fine-tuning there is no reference and the run refuses to start.
+/// The KL reference is the pretrained model: for a LoRA policy the same model with its
+/// adapters off; for a full fine-tune a frozen copy of the weights as loaded, taken before a
+/// checkpoint is restored, so that a resumed run measures drift from the same model.
 #[test]
-fn the_kl_reference_is_the_model_with_its_adapters_off() {
+fn the_kl_reference_is_the_pretrained_model() {
     let root = tempfile::tempdir().unwrap();
     tiny_generator(&root.path().join("generator"));
     let mut run = start(
@@ -315,32 +317,59 @@ fn the_kl_reference_is_the_model_with_its_adapters_off() {
         .expect("train/kl_ref logged");
     assert!(kl.is_finite() && kl > 0.0, "train/kl_ref = {kl}");
 
-    let full = tempfile::tempdir().unwrap();
-    tiny_generator(&full.path().join("generator"));
-    let mut cfg = tiny_config(full.path(), 1, &["algorithm.kl_coef=0.04"]);
-    cfg.model.trainable_mode = trainer_fsdp::config::TrainableMode::Full;
-    cfg.lora = None;
-    let pre = cfg.preflight().unwrap();
-    let dev = Default::default();
-    let world =
-        ShapesWorld::<Flex>::load(&full.path().join("generator"), &cfg.reward.scorers, &dev)
-            .unwrap();
-    let workers = LocalWorkers::new(1);
-    let err = Run::<B, _, _, _>::new(
-        cfg,
-        pre,
-        &full.path().join("run"),
-        dev,
-        world,
-        FlowGrpo::new(flow_grpo::ClipRange::symmetric(1e-4).unwrap()).with_kl(0.04),
-        workers,
-    )
-    .err()
-    .expect("refused");
+    // a full fine-tune: 2 rollouts straight, and the same stopped after rollout 0 and resumed
+    const FULL: [&str; 6] = [
+        "model.trainable_mode=\"full\"",
+        "lora.rank=0",
+        "optimizer.lr=1e-3",
+        "algorithm.kl_coef=0.04",
+        "rollout.num_updates_per_batch=2",
+        "eval.interval=0",
+    ];
+    let kl_of = |dir: &Path| -> Vec<f64> {
+        read_jsonl(&dir.join("run").join("metrics.jsonl"))
+            .unwrap()
+            .iter()
+            .map(|r| {
+                r.metrics
+                    .get(names::TRAIN_KL_REF)
+                    .copied()
+                    .flatten()
+                    .expect("train/kl_ref logged every rollout")
+            })
+            .collect()
+    };
+    let a = tempfile::tempdir().unwrap();
+    tiny_generator(&a.path().join("generator"));
+    let mut straight = start(a.path(), 2, &FULL, Box::new(Brightness));
+    straight.run(&StopFlag::new()).unwrap();
+    let b = tempfile::tempdir().unwrap();
+    copy_dir(&a.path().join("generator"), &b.path().join("generator"));
+    let mut first = start(b.path(), 1, &FULL, Box::new(Brightness));
+    first.run(&StopFlag::new()).unwrap();
+    drop(first);
+    let resume = [&FULL[..], &["checkpoint.resume=true"]].concat();
+    let mut resumed = start(b.path(), 2, &resume, Box::new(Brightness));
+    assert_eq!(resumed.next_rollout(), 1);
+    resumed.run(&StopFlag::new()).unwrap();
+
+    let (kl_a, kl_b) = (kl_of(a.path()), kl_of(b.path()));
+    assert_eq!(kl_a.len(), 2);
+    // every update after the first has moved the policy off its copy; the drift grows
     assert!(
-        matches!(err, TrainerError::NoReference { .. })
-            && err.to_string().contains("algorithm.kl_coef = 0.04"),
-        "{err}"
+        kl_a.iter().all(|k| k.is_finite() && *k > 0.0) && kl_a[1] > kl_a[0],
+        "train/kl_ref = {kl_a:?}"
+    );
+    // the resumed run's reference is the pretrained copy, not the restored weights (whose
+    // first update would measure no drift at all)
+    assert_eq!(
+        kl_a.iter().map(|k| k.to_bits()).collect::<Vec<_>>(),
+        kl_b.iter().map(|k| k.to_bits()).collect::<Vec<_>>(),
+        "straight {kl_a:?}, resumed {kl_b:?}"
+    );
+    assert!(
+        adapter_bits(&straight) == adapter_bits(&resumed),
+        "resumed run diverged"
     );
 }
 

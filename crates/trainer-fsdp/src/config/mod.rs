@@ -762,7 +762,8 @@ pub struct AwmSection {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub huber_power: Option<f64>,
     /// The weight of the velocity KL to the reference policy (the policy with its LoRA
-    /// adapters off), `mean((v_θ - v_ref)^2)` (default 0: no term; the release's 0.001).
+    /// adapters off; for a full fine-tune a frozen copy of the pretrained weights),
+    /// `mean((v_θ - v_ref)^2)` (default 0: no term; the release's 0.001).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub kl_coef: f64,
     /// The weight of the velocity KL to the EMA copy of the policy, `mean((v_θ - v_ema)^2)`
@@ -828,7 +829,8 @@ pub struct NftSection {
     #[serde(default)]
     pub soft_update: SoftUpdateKind,
     /// The weight of the velocity anchor on the reference policy (the policy with its LoRA
-    /// adapters off), `mean((v_θ - v_ref)^2)` (default 1e-4, the release's; 0 turns it off).
+    /// adapters off; for a full fine-tune a frozen copy of the pretrained weights),
+    /// `mean((v_θ - v_ref)^2)` (default 1e-4, the release's; 0 turns it off).
     #[serde(default = "NftSection::default_kl_coef")]
     pub kl_coef: f64,
 }
@@ -1253,7 +1255,8 @@ pub struct FlowGrpoSection {
     /// The std divisor of the group-relative advantages after centring.
     pub advantage_std_mode: AdvantageStdMode,
     /// The weight of the KL of every trained transition to the reference policy's (the
-    /// pretrained model: the policy with its LoRA adapters off), flow_grpo's closed form
+    /// pretrained model: the policy with its LoRA adapters off, or for a full fine-tune a
+    /// frozen copy of its weights as loaded), flow_grpo's closed form
     /// `mean((mu - mu_ref)^2) / (2 std_dev_t^2)`; `0` turns the term and its forward off.
     /// flow_grpo's released configs use 0.04 (SD3.5, GenEval) and 0 (PickScore).
     pub kl_coef: f64,
