@@ -331,12 +331,46 @@ fn fmt_spread(s: Spread, signed: bool) -> String {
     }
 }
 
+/// `method`'s best mean evaluation after the start: the runs evaluate at the same rollouts,
+/// so their `k`-th evaluations are averaged for every `k` that all of them have, and the
+/// highest mean reward is returned with the mean training CPU seconds of those evaluations.
+/// `None` when the method has no run or no evaluation after the start; a NaN reward makes
+/// the result NaN, not a smaller sample.
+pub fn best_mean_evaluation(curves: &[RunCurve], method: &str) -> Option<CurvePoint> {
+    let runs: Vec<&RunCurve> = curves.iter().filter(|c| c.method == method).collect();
+    let len = runs.iter().map(|c| c.points.len()).min()?;
+    let mut best: Option<CurvePoint> = None;
+    for k in 1..len {
+        let at: Vec<CurvePoint> = runs.iter().map(|c| c.points[k]).collect();
+        let mean = |f: fn(&CurvePoint) -> f64| at.iter().map(f).sum::<f64>() / at.len() as f64;
+        let point = CurvePoint {
+            cpu_seconds: mean(|p| p.cpu_seconds),
+            reward: mean(|p| p.reward),
+            stderr: mean(|p| p.stderr),
+        };
+        if point.reward.is_nan() {
+            return Some(CurvePoint {
+                cpu_seconds: f64::NAN,
+                reward: f64::NAN,
+                stderr: f64::NAN,
+            });
+        }
+        if best.is_none_or(|b| point.reward > b.reward) {
+            best = Some(point);
+        }
+    }
+    best
+}
+
 /// The comparison as a Markdown table, one row per method: seeds, base and final held-out
 /// reward and the gain (mean, min to max over seeds), the gain's difference to
 /// `target_method`'s paired by seed ([`paired_gain`]), the mean standard error of the final
 /// evaluations, the training CPU seconds spent, and the CPU seconds at which the method first
-/// reached `target_method`'s mean final reward (the median over the seeds that reached it,
-/// with its ratio to `target_method`'s mean CPU seconds, and how many seeds reached it).
+/// reached `target_method`'s mean final reward, and its best mean evaluation
+/// ([`best_mean_evaluation`]; a method whose reward falls back ends below where it stood, so
+/// its final reward alone makes every other method look fast): each the median over the
+/// seeds that reached it, with its ratio to the CPU seconds `target_method` took to it, and
+/// how many seeds reached it.
 pub fn comparison_table(curves: &[RunCurve], target_method: &str) -> String {
     let target = curves
         .iter()
@@ -345,9 +379,15 @@ pub fn comparison_table(curves: &[RunCurve], target_method: &str) -> String {
         .collect::<Vec<_>>();
     let target_reward = Spread::of(&target.iter().map(|p| p.reward).collect::<Vec<_>>()).mean;
     let target_cpu = Spread::of(&target.iter().map(|p| p.cpu_seconds).collect::<Vec<_>>()).mean;
+    let best = best_mean_evaluation(curves, target_method).unwrap_or(CurvePoint {
+        cpu_seconds: f64::NAN,
+        reward: f64::NAN,
+        stderr: f64::NAN,
+    });
     let mut out = format!(
-        "| method | seeds | base | final | gain | gain - {target_method}'s (paired seeds) | final SE (mean) | training CPU s | CPU s to {target_method}'s final {target_reward:.3} |\n\
-         | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n"
+        "| method | seeds | base | final | gain | gain - {target_method}'s (paired seeds) | final SE (mean) | training CPU s | CPU s to {target_method}'s final {target_reward:.3} | CPU s to {target_method}'s best mean {:.3} (its {:.0} s) |\n\
+         | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+        best.reward, best.cpu_seconds,
     );
     for m in methods(curves) {
         let runs: Vec<&RunCurve> = curves.iter().filter(|c| c.method == m).collect();
@@ -359,25 +399,27 @@ pub fn comparison_table(curves: &[RunCurve], target_method: &str) -> String {
         let gain = of(&|c| Some(c.last()?.reward - c.base()?.reward));
         let se = of(&|c| c.last().map(|p| p.stderr));
         let cpu = of(&|c| c.last().map(|p| p.cpu_seconds));
-        let mut reached: Vec<f64> = runs
-            .iter()
-            .filter_map(|c| c.cpu_to_reach(target_reward))
-            .collect();
-        reached.sort_by(f64::total_cmp);
-        let to_target = if reached.is_empty() || target_reward.is_nan() {
-            format!("not reached (0/{})", runs.len())
-        } else {
-            let median = reached[reached.len() / 2];
-            format!(
-                "{median:.0} ({:.2}x){}",
-                median / target_cpu,
-                if reached.len() == runs.len() {
-                    String::new()
-                } else {
-                    format!(", {}/{} seeds", reached.len(), runs.len())
-                }
-            )
+        let to = |target: f64, target_cpu: f64| {
+            let mut reached: Vec<f64> =
+                runs.iter().filter_map(|c| c.cpu_to_reach(target)).collect();
+            reached.sort_by(f64::total_cmp);
+            if reached.is_empty() || target.is_nan() {
+                format!("not reached (0/{})", runs.len())
+            } else {
+                let median = reached[reached.len() / 2];
+                format!(
+                    "{median:.0} ({:.2}x){}",
+                    median / target_cpu,
+                    if reached.len() == runs.len() {
+                        String::new()
+                    } else {
+                        format!(", {}/{} seeds", reached.len(), runs.len())
+                    }
+                )
+            }
         };
+        let to_target = to(target_reward, target_cpu);
+        let to_best = to(best.reward, best.cpu_seconds);
         let paired = if m == target_method {
             "-".to_string()
         } else {
@@ -388,7 +430,7 @@ pub fn comparison_table(curves: &[RunCurve], target_method: &str) -> String {
             }
         };
         out.push_str(&format!(
-            "| {m} | {} | {} | {} | {} | {paired} | {:.3} | {:.0} | {to_target} |\n",
+            "| {m} | {} | {} | {} | {} | {paired} | {:.3} | {:.0} | {to_target} | {to_best} |\n",
             runs.len(),
             fmt_spread(base, false),
             fmt_spread(last, false),
@@ -580,7 +622,7 @@ mod tests {
         let t = comparison_table(&curves, "flow_grpo");
         // FlowGRPO's final mean is 0.35 at 100 CPU s; AWM's seed 0 reaches it at 30 s, seed 1 never
         assert!(
-            t.contains("| awm | 2 | 0.200 (0.200 to 0.200) | 0.410 (0.320 to 0.500) | +0.210 (+0.120 to +0.300) | +0.060 ± 0.140 (2 seeds) | 0.010 | 60 | 30 (0.30x), 1/2 seeds |"),
+            t.contains("| awm | 2 | 0.200 (0.200 to 0.200) | 0.410 (0.320 to 0.500) | +0.210 (+0.120 to +0.300) | +0.060 ± 0.140 (2 seeds) | 0.010 | 60 | 30 (0.30x), 1/2 seeds | 30 (0.30x), 1/2 seeds |"),
             "{t}"
         );
         assert!(t.contains("| flow_grpo | 2 | 0.200 (0.200 to 0.200) | 0.350 (0.300 to 0.400) | +0.150 (+0.100 to +0.200) | - |"), "{t}");
@@ -611,7 +653,57 @@ mod tests {
             "- flow_grpo: +0.100 (seed 0), +0.200 (seed 1)\n- awm: +0.300 (seed 0), +0.120 (seed 1)\n"
         );
         let none = comparison_table(&[curve("nft", 0, &[(0.0, 0.2), (9.0, 0.1)])], "flow_grpo");
-        assert!(none.contains("not reached (0/1)"), "{none}");
+        assert!(
+            none.contains("not reached (0/1) | not reached (0/1) |"),
+            "{none}"
+        );
+
+        // a method that rises and falls back: its best mean evaluation is the k-th evaluations'
+        // highest mean (0.30 at 50 s), where its final mean (0.21) is below its start
+        let falls = vec![
+            curve(
+                "flow_grpo",
+                0,
+                &[(0.0, 0.2), (40.0, 0.32), (80.0, 0.25), (110.0, 0.22)],
+            ),
+            curve(
+                "flow_grpo",
+                1,
+                &[(0.0, 0.2), (60.0, 0.28), (100.0, 0.26), (130.0, 0.20)],
+            ),
+            curve("nft", 0, &[(0.0, 0.2), (20.0, 0.25), (45.0, 0.31)]),
+            curve("nft", 1, &[(0.0, 0.2), (25.0, 0.29), (50.0, 0.31)]),
+        ];
+        let best = best_mean_evaluation(&falls, "flow_grpo").unwrap();
+        assert!(
+            (best.reward - 0.30).abs() < 1e-12 && best.cpu_seconds == 50.0,
+            "{best:?}"
+        );
+        let t = comparison_table(&falls, "flow_grpo");
+        // NFT reaches the final 0.21 at its first evaluations (20 and 25 s: median 25, 0.21x
+        // of 120 s), and the best 0.30 at 45 s on seed 0 and 50 s on seed 1 (median 50, 1.00x)
+        assert!(
+            t.contains("CPU s to flow_grpo's final 0.210 | CPU s to flow_grpo's best mean 0.300 (its 50 s) |"),
+            "{t}"
+        );
+        assert!(t.contains("| 25 (0.21x) | 50 (1.00x) |"), "{t}");
+        assert!(best_mean_evaluation(&falls, "awm").is_none());
+        assert!(best_mean_evaluation(&[curve("nft", 0, &[(0.0, 0.2)])], "nft").is_none());
+        // a NaN evaluation makes the best NaN, not a smaller sample
+        let nan = [
+            falls[0].clone(),
+            curve(
+                "flow_grpo",
+                1,
+                &[(0.0, 0.2), (60.0, f64::NAN), (100.0, 0.26)],
+            ),
+        ];
+        assert!(
+            best_mean_evaluation(&nan, "flow_grpo")
+                .unwrap()
+                .reward
+                .is_nan()
+        );
     }
 
     #[test]
