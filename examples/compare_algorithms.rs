@@ -20,7 +20,8 @@
 //! until its budget is spent and ends with an evaluation. Runs go to
 //! `<out>/<label>/seed_<N>/` (a method's label is its name); the table to
 //! `<out>/comparison.md`, the plot to `<out>/comparison.png`, every evaluation to
-//! `<out>/curves.csv`. The CPU axis is the process's own CPU time, so a busy machine does not
+//! `<out>/curves.csv`, each rewritten after every run (a stopped comparison leaves the table of
+//! the runs it finished). The CPU axis is the process's own CPU time, so a busy machine does not
 //! move it much, but another CPU model does.
 //!
 //! `--from-curves FILE` (repeatable) runs nothing: it rebuilds the table, the plot and one
@@ -104,44 +105,85 @@ struct Args {
 fn main() -> Result<()> {
     common::keep_freed_pages();
     let args = Args::parse();
-    let (curves, header) = if args.from_curves.is_empty() {
+    let curves = if args.from_curves.is_empty() {
         run_all(&args)?
     } else {
         from_curves(&args.from_curves)?
     };
-    let Some(first) = curves.first() else {
+    if curves.is_empty() {
         bail!("no runs: give --methods or --variant, or a --from-curves file with rows");
+    }
+    let table = write_outputs(&curves, &header(&args), &args.out)?;
+    println!("\n{table}");
+    println!(
+        "wrote {}, {} and {}",
+        args.out.join("comparison.md").display(),
+        args.out.join("comparison.png").display(),
+        args.out.join("curves.csv").display()
+    );
+    Ok(())
+}
+
+/// Writes `comparison.md` (`header`, the machine, the table and the gains per seed),
+/// `curves.csv` and `comparison.png` of `curves` into `out`, each replacing the last atomically;
+/// gives the table. The comparison calls it after every run, so that a stopped one leaves the
+/// table of the runs it finished.
+fn write_outputs(curves: &[RunCurve], header: &str, out: &Path) -> Result<String> {
+    let Some(first) = curves.first() else {
+        bail!("no runs to tabulate");
     };
     let target = if curves.iter().any(|c| c.method == "flow_grpo") {
         "flow_grpo"
     } else {
         first.method.as_str()
     };
-    let table = comparison_table(&curves, target);
+    let table = comparison_table(curves, target);
     let mut md = format!("{header}Machine: {}\n\n", common::machine());
     md.push_str(&table);
     md.push_str("\nGains per seed (final minus base held-out reward):\n\n");
-    md.push_str(&gains_by_seed(&curves));
-    std::fs::create_dir_all(&args.out)?;
-    let md_path = args.out.join("comparison.md");
-    durable::write_atomic(&md_path, md.as_bytes())?;
-    let csv_path = args.out.join("curves.csv");
-    durable::write_atomic(&csv_path, curves_csv(&curves).as_bytes())?;
-    let png = args.out.join("comparison.png");
-    write_plot(&curves, &png)?;
-    println!("\n{table}");
-    println!(
-        "wrote {}, {} and {}",
-        md_path.display(),
-        png.display(),
-        csv_path.display()
-    );
-    Ok(())
+    md.push_str(&gains_by_seed(curves));
+    std::fs::create_dir_all(out)?;
+    durable::write_atomic(&out.join("comparison.md"), md.as_bytes())?;
+    durable::write_atomic(&out.join("curves.csv"), curves_csv(curves).as_bytes())?;
+    write_plot(curves, &out.join("comparison.png"))?;
+    Ok(table)
 }
 
-/// Every entry's runs (or, with `--reuse`, the finished ones read back), and the command line
-/// for the table's header.
-fn run_all(args: &Args) -> Result<(Vec<RunCurve>, String)> {
+/// The command line for the table's header.
+fn header(args: &Args) -> String {
+    let mut header = String::from("Command: `cargo run --release --example compare_algorithms --");
+    if !args.from_curves.is_empty() {
+        for f in &args.from_curves {
+            let _ = write!(header, " --from-curves {}", f.display());
+        }
+        header.push_str("` (the runs' own commands made the files)\n");
+        return header;
+    }
+    let _ = write!(
+        header,
+        " --methods {} --seeds {} --first-seed {} --budget {} --eval-interval {}",
+        args.methods.join(","),
+        args.seeds,
+        args.first_seed,
+        args.budget,
+        args.eval_interval,
+    );
+    for o in &args.overrides {
+        let _ = write!(header, " --set {o}");
+    }
+    for v in &args.variants {
+        let _ = write!(header, " --variant {v}");
+    }
+    for o in &args.set_for {
+        let _ = write!(header, " --set-for {o}");
+    }
+    header.push_str("`\n");
+    header
+}
+
+/// Every entry's runs (or, with `--reuse`, the finished ones read back), writing the outputs
+/// of those so far after each.
+fn run_all(args: &Args) -> Result<Vec<RunCurve>> {
     let entries = comparison_entries(&args.methods, &args.variants, &args.set_for)?;
     if !(args.budget.is_finite() && args.budget > 0.0) {
         bail!("--budget {}: expected CPU seconds > 0", args.budget);
@@ -194,41 +236,21 @@ fn run_all(args: &Args) -> Result<(Vec<RunCurve>, String)> {
                 );
             }
             curves.push(curve);
+            write_outputs(&curves, &header(args), &args.out)?;
         }
     }
-    let mut header = format!(
-        "Command: `cargo run --release --example compare_algorithms -- --methods {} --seeds {} --first-seed {} --budget {} --eval-interval {}",
-        args.methods.join(","),
-        args.seeds,
-        args.first_seed,
-        args.budget,
-        args.eval_interval,
-    );
-    for o in &args.overrides {
-        write!(header, " --set {o}")?;
-    }
-    for v in &args.variants {
-        write!(header, " --variant {v}")?;
-    }
-    for o in &args.set_for {
-        write!(header, " --set-for {o}")?;
-    }
-    header.push_str("`\n");
-    Ok((curves, header))
+    Ok(curves)
 }
 
-/// The runs of earlier comparisons' curves files, and the command line for the table's header.
-fn from_curves(files: &[PathBuf]) -> Result<(Vec<RunCurve>, String)> {
+/// The runs of earlier comparisons' curves files.
+fn from_curves(files: &[PathBuf]) -> Result<Vec<RunCurve>> {
     let mut curves: Vec<RunCurve> = Vec::new();
-    let mut header = String::from("Command: `cargo run --release --example compare_algorithms --");
     for f in files {
         let more = read_curves_csv(f, &curves)?;
         println!("{}: {} runs", f.display(), more.len());
         curves.extend(more);
-        write!(header, " --from-curves {}", f.display())?;
     }
-    header.push_str("` (the runs' own commands made the files)\n");
-    Ok((curves, header))
+    Ok(curves)
 }
 
 /// The run of `entry` and `seed` in `dir`.
