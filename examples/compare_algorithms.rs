@@ -52,7 +52,8 @@ use trainer_fsdp::{Override, RecipeName, StopFlag, TrainConfig, names, read_json
 #[derive(Parser, Debug)]
 #[command(version, about)]
 struct Args {
-    /// The methods, comma-separated (`--algorithm` names of the main example).
+    /// The methods, comma-separated (`--algorithm` names of the main example); `''` for none,
+    /// to run `--variant` entries alone.
     #[arg(
         long,
         value_delimiter = ',',

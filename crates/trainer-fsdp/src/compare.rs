@@ -41,7 +41,7 @@ pub struct ComparisonEntry {
 /// The entries of a comparison: each of `methods` under its own name, then each of
 /// `variants` (`LABEL=METHOD`, e.g. `awm_trust=awm`), with every `set_for`
 /// (`LABEL:KEY=VALUE`, e.g. `awm_trust:algorithm.kl_coef=0.001`) appended to its label's
-/// overrides.
+/// overrides. Empty method names are skipped, so that `--methods ''` runs the variants alone.
 ///
 /// # Errors
 /// [`TrainerError::ComparisonEntry`] for an unknown method, a label that is empty, repeated or
@@ -61,6 +61,9 @@ pub struct ComparisonEntry {
 /// assert_eq!((e[2].label.as_str(), e[2].method.as_str()), ("awm_trust", "awm"));
 /// assert_eq!(e[2].overrides, ["algorithm.kl_coef=0.001"]);
 /// assert!(e[1].overrides.is_empty());
+/// // a variant alone, without its method
+/// let e = comparison_entries(&s(&[""]), &s(&["awm_trust=awm"]), &[]).unwrap();
+/// assert_eq!(e.len(), 1);
 /// ```
 pub fn comparison_entries(
     methods: &[String],
@@ -75,6 +78,7 @@ pub fn comparison_entries(
     let mut entries: Vec<ComparisonEntry> = Vec::new();
     let pairs = methods
         .iter()
+        .filter(|m| !m.trim().is_empty())
         .map(|m| (m.as_str(), m.as_str(), m.as_str()))
         .chain(variants.iter().map(|v| {
             let (label, method) = v.split_once('=').unwrap_or(("", v.as_str()));
