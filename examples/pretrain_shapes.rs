@@ -157,7 +157,11 @@ fn main() -> Result<()> {
     let mut optim = AdamWConfig::new()
         .with_weight_decay(0.01)
         .init::<B, ShapesGenerator<B>>();
-    let schedule = SchedulePolicy::qwen_image().sample_sigmas(32, 32, 12)?;
+    // the evaluation's 12-step sampling schedule, as the trainer's
+    let eval_sigmas = SchedulePolicy::qwen_image()
+        .sample_sigmas(32, 32, 12)?
+        .sigmas
+        .into_vec();
     // SplitMix64: the data order's generator (deterministic, platform-independent)
     let mut rng = SplitMix64::new(args.seed ^ 0x5EED);
     let noise = NoiseRecipe::new(
@@ -181,7 +185,7 @@ fn main() -> Result<()> {
     );
     // the starting point, when there is one to train on (`--steps 0` only measures it)
     if args.init_from.is_some() && args.steps > 0 {
-        evaluate(&model.valid(), &schedule.sigmas.clone().into_vec(), &args)?;
+        evaluate(&model.valid(), &eval_sigmas, &args)?;
     }
     let mut running = 0.0;
     for step in 0..args.steps {
@@ -241,14 +245,14 @@ fn main() -> Result<()> {
         }
         if args.eval_every > 0 && (step + 1) % args.eval_every == 0 && step + 1 < args.steps {
             let snapshot = model.valid();
-            evaluate(&snapshot, &schedule.sigmas.clone().into_vec(), &args)?;
+            evaluate(&snapshot, &eval_sigmas, &args)?;
             if let Some(dir) = &args.snapshots {
                 snapshot.save(&dir.join(format!("step_{}", step + 1)))?;
             }
         }
     }
     let base = model.valid();
-    let reward = evaluate(&base, &schedule.sigmas.clone().into_vec(), &args)?;
+    let reward = evaluate(&base, &eval_sigmas, &args)?;
     base.save(&args.out)
         .with_context(|| format!("saving to {}", args.out.display()))?;
     println!(
