@@ -146,6 +146,10 @@ fn main() -> Result<()> {
         args.lr,
         args.min_lr
     );
+    anyhow::ensure!(
+        args.eval_samples > 0,
+        "--eval-samples 0 would measure nothing; expected at least 1 seed per held-out prompt"
+    );
     let dev = Default::default();
     B::seed(&dev, args.seed);
     let held_out: Vec<String> = eval_prompts();

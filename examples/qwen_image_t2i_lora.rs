@@ -51,13 +51,15 @@ struct Args {
     /// A TOML config file (it may name its own `recipe`); overrides --recipe.
     #[arg(long)]
     config: Option<PathBuf>,
-    /// `key=value` overrides with dotted keys, applied last (repeatable).
+    /// `key=value` overrides with dotted keys, applied last (repeatable); `'key*=factor'`
+    /// scales the number the key holds (e.g. `'optimizer.lr*=0.5'`).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     overrides: Vec<String>,
     /// The RL objective: `flow_grpo` (the recipes' own `[algorithm]`), `awm` (Advantage
     /// Weighted Matching with its defaults) or `nft` (DiffusionNFT with its defaults, and
     /// `sampling.eta = 0`: its rollouts are deterministic) or `dpo` (online Flow-DPO, also
-    /// with `sampling.eta = 0`), `dpok` (DPOK's clamped ratio with its KL), `grpo_guard`
+    /// with `sampling.eta = 0`), `dpok` (DPOK's clamped ratio with its KL, at a quarter of the lr),
+    /// `grpo_guard`
     /// (GRPO-Guard's regulated ratio), `mix_grpo` (FlowGRPO on MixGRPO's sliding window),
     /// `dance_grpo` (FlowGRPO on DanceGRPO's Dance kernel at every step but the last, with
     /// per-sample random subsets of 60 % of them), `flow_grpo_fast` (FlowGRPO on one random

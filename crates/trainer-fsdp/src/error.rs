@@ -349,6 +349,12 @@ pub enum TrainerError {
         path: PathBuf,
     },
 
+    /// A held-out evaluation asked for no samples.
+    #[error(
+        "a held-out evaluation of 0 seeds per prompt measures nothing: expected at least 1 (eval.samples_per_prompt)"
+    )]
+    NoEvalSamples,
+
     /// A world was asked to score with no scorer.
     #[error("reward.scorers is empty: a sample scored by nothing would train on 0")]
     NoScorer,

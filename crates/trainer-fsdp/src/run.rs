@@ -2104,7 +2104,8 @@ fn check_readable_copy<B: AutodiffBackend, W: World<B>>(
 /// by side (the same bits for any value).
 ///
 /// # Errors
-/// Sampling, noise, prompt and scorer errors (the negative prompt's encoding among them).
+/// [`TrainerError::NoEvalSamples`] for `k = 0`; sampling, noise, prompt and scorer errors
+/// (the negative prompt's encoding among them).
 #[allow(clippy::too_many_arguments)]
 pub fn evaluate_policy<B, W>(
     world: &W,
@@ -2121,7 +2122,9 @@ where
     B: AutodiffBackend,
     W: World<B>,
 {
-    let k = k.max(1);
+    if k == 0 {
+        return Err(TrainerError::NoEvalSamples);
+    }
     let held = world.held_out();
     let all: Vec<&str> = held
         .iter()

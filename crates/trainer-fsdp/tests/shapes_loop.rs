@@ -373,6 +373,46 @@ fn the_kl_reference_is_the_pretrained_model() {
     );
 }
 
+/// A held-out evaluation of no seeds per prompt is refused with its own error, not run with
+/// one seed instead; one seed per prompt measures every held-out prompt once.
+#[test]
+fn an_evaluation_of_no_seeds_is_refused() {
+    use trainer_fsdp::rollout::SamplerSpec;
+    use trainer_fsdp::run::evaluate_policy;
+    let root = tempfile::tempdir().unwrap();
+    tiny_generator(&root.path().join("generator"));
+    let dev = Default::default();
+    let model = trainer_fsdp::shapes_world::ShapesGenerator::<Flex>::load(
+        &root.path().join("generator"),
+        &dev,
+    )
+    .unwrap();
+    let world =
+        trainer_fsdp::shapes_world::ShapesWorld::<Flex>::new(root.path(), model.text.clone())
+            .unwrap();
+    let spec = SamplerSpec {
+        sigmas: vec![1.0, 0.5, 0.0],
+        kernel: Some(sde_math::Kernel::flow_sde(0.7).unwrap()),
+        solver: sde_math::solvers::OdeSolver::Euler,
+        storage: sde_math::StorageDtype::F32,
+    };
+    let weights = std::collections::BTreeMap::from([("shapes".to_string(), 1.0)]);
+    let eval = |k| {
+        evaluate_policy::<burn::backend::Autodiff<Flex>, _>(
+            &world, &model.dit, &spec, k, 0, &weights, None, 1, &dev,
+        )
+    };
+    let err = eval(0).unwrap_err();
+    assert!(matches!(err, TrainerError::NoEvalSamples), "{err}");
+    assert!(err.to_string().contains("eval.samples_per_prompt"), "{err}");
+    let (samples, stats) = eval(1).unwrap();
+    assert_eq!(samples.len(), eval_prompts().len());
+    assert!(
+        stats.mean.is_finite() && stats.by_category.len() == 6,
+        "{stats:?}"
+    );
+}
+
 /// Sampling a batch in chunks on several threads gives the batch's result bit for bit.
 #[test]
 fn chunked_sampling_equals_one_batch() {

@@ -53,7 +53,8 @@
 //!
 //! Every key that changes results is required: it comes from the recipe or from the file,
 //! never from a silent default. An override with nothing after the `=` (`sampling.sde_pool=`)
-//! removes an optional key. Unknown keys are rejected. The keys of the former `[grpo]`
+//! removes an optional key; `key*=factor` scales the number the key holds at that point
+//! (`optimizer.lr*=0.5`). Unknown keys are rejected. The keys of the former `[grpo]`
 //! section are refused with an error naming where each one moved ([`MOVED_KEYS`]).
 //!
 //! ```
@@ -1090,6 +1091,10 @@ pub const ALGORITHM_NAMES: &[&str] = &[
 /// The overrides that select algorithm `name` on top of a recipe: its `[algorithm]` section
 /// with the variant's defaults, and `sampling.eta = 0` for the objectives on deterministic
 /// rollouts (DiffusionNFT, DPO). `flow_grpo` is the recipes' own section: no override.
+/// `dpok` also takes a quarter of the lr it is given (`optimizer.lr*=0.25`; an
+/// `optimizer.lr` set after the preset is taken as it is): at `shapes_world_lora`'s 2e-3 DPOK
+/// collapsed on one to three seeds of five on each of two machines, at 5e-4 it gained on
+/// every seed (docs/ALGORITHMS.md).
 /// `mix_grpo` is FlowGRPO's objective on MixGRPO's sampling: a sliding window of 2 trained
 /// steps over the schedule (moving by 1 every 5 rollouts, back to the start past the end;
 /// the other trained-step keys off) and DPM-Solver++(2M) on every other step. `fdfo` sets
@@ -1123,7 +1128,8 @@ pub fn algorithm_overrides(name: &str) -> Result<Vec<Override>, TrainerError> {
     let section = |kind: &str| Override::parse(&format!("algorithm={{ kind = \"{kind}\" }}"));
     match name {
         "flow_grpo" => Ok(Vec::new()),
-        "awm" | "dpok" | "grpo_guard" => Ok(vec![section(name)?]),
+        "awm" | "grpo_guard" => Ok(vec![section(name)?]),
+        "dpok" => Ok(vec![section(name)?, Override::parse("optimizer.lr*=0.25")?]),
         "nft" | "dpo" => Ok(vec![section(name)?, Override::parse("sampling.eta=0.0")?]),
         "fdfo" => {
             let mut o = vec![section(name)?];

@@ -1206,3 +1206,60 @@ fn the_frozen_weights_dtype_is_the_seeds_and_the_shapes_world_refuses_bf16() {
     s.model.param_dtype = Some(ParamDtype::Fp32);
     assert!(s.preflight().is_ok());
 }
+
+/// `key*=factor` scales the number the key holds at that point, in order with the other
+/// overrides; it refuses a key without a number, a text factor and a whole number scaled by a
+/// fraction, each named with the override as written.
+#[test]
+fn a_scale_override_multiplies_what_the_key_holds_at_that_point() {
+    let c = shapes_recipe_with(&["optimizer.lr*=0.25"]);
+    assert_eq!(c.optimizer.lr, 2e-3 * 0.25);
+    // in order: set, then scale; scale, then set
+    let c = shapes_recipe_with(&["optimizer.lr=1e-3", "optimizer.lr*=0.5"]);
+    assert_eq!(c.optimizer.lr, 5e-4);
+    let c = shapes_recipe_with(&["optimizer.lr*=0.5", "optimizer.lr=1e-3"]);
+    assert_eq!(c.optimizer.lr, 1e-3);
+    // a whole number by a whole factor stays whole; a float by a whole factor is a float
+    let c = shapes_recipe_with(&["run.num_rollouts*=2", "optimizer.lr*=2"]);
+    assert_eq!((c.run.num_rollouts, c.optimizer.lr), (120, 4e-3));
+    let refused = |o: &str| {
+        let err =
+            TrainConfig::from_recipe(RecipeName::ShapesWorldLora, &[Override::parse(o).unwrap()])
+                .unwrap_err();
+        assert!(matches!(err, TrainerError::Override { .. }), "{o}: {err}");
+        err.to_string()
+    };
+    let e = refused("run.num_rollouts*=0.5");
+    assert!(
+        e.contains("run.num_rollouts*=0.5") && e.contains("whole"),
+        "{e}"
+    );
+    let e = refused("optimizer.no_such_key*=2");
+    assert!(e.contains("absent"), "{e}");
+    let e = refused("reward.scorers*=2");
+    assert!(e.contains("holds [\"shapes\"]"), "{e}");
+    let e = refused(&format!("run.num_rollouts*={}", i64::MAX));
+    assert!(e.contains("in range"), "{e}");
+    for bad in ["optimizer.lr*=fast", "optimizer.lr*=", "optimizer.lr*=nan"] {
+        let err = Override::parse(bad).unwrap_err().to_string();
+        assert!(err.contains("finite number"), "{bad}: {err}");
+    }
+}
+
+/// `--algorithm dpok` runs DPOK at a quarter of the lr it is given (the recipe's, a file's or
+/// an earlier override's); an `optimizer.lr` set after the preset is taken as it is.
+#[test]
+fn the_dpok_preset_takes_a_quarter_of_the_lr() {
+    let preset = algorithm_overrides("dpok").unwrap();
+    let c = TrainConfig::from_recipe(RecipeName::ShapesWorldLora, &preset).unwrap();
+    assert_eq!(c.algorithm.kind(), "dpok");
+    assert_eq!(c.optimizer.lr, 5e-4);
+    let mut o = preset.clone();
+    o.push(Override::parse("optimizer.lr=1e-3").unwrap());
+    let c = TrainConfig::from_recipe(RecipeName::ShapesWorldLora, &o).unwrap();
+    assert_eq!(c.optimizer.lr, 1e-3);
+    let mut o = vec![Override::parse("optimizer.lr=1e-3").unwrap()];
+    o.extend(preset);
+    let c = TrainConfig::from_recipe(RecipeName::ShapesWorldLora, &o).unwrap();
+    assert_eq!(c.optimizer.lr, 2.5e-4);
+}
