@@ -380,13 +380,8 @@ fn an_evaluation_of_no_seeds_is_refused() {
     use trainer_fsdp::rollout::SamplerSpec;
     use trainer_fsdp::run::evaluate_policy;
     let root = tempfile::tempdir().unwrap();
-    tiny_generator(&root.path().join("generator"));
+    let model = load_tiny_generator(root.path());
     let dev = Default::default();
-    let model = trainer_fsdp::shapes_world::ShapesGenerator::<Flex>::load(
-        &root.path().join("generator"),
-        &dev,
-    )
-    .unwrap();
     let world =
         trainer_fsdp::shapes_world::ShapesWorld::<Flex>::new(root.path(), model.text.clone())
             .unwrap();
@@ -418,13 +413,8 @@ fn an_evaluation_of_no_seeds_is_refused() {
 fn chunked_sampling_equals_one_batch() {
     use trainer_fsdp::rollout::{SamplerSpec, sample_in_chunks};
     let root = tempfile::tempdir().unwrap();
-    tiny_generator(&root.path().join("generator"));
+    let model = load_tiny_generator(root.path());
     let dev = Default::default();
-    let model = trainer_fsdp::shapes_world::ShapesGenerator::<Flex>::load(
-        &root.path().join("generator"),
-        &dev,
-    )
-    .unwrap();
     let prompts: Vec<String> = eval_prompts().into_iter().take(5).collect();
     let cond = model.conditioning(&prompts, &dev).unwrap();
     let model = model.dit;

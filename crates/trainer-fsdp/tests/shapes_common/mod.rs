@@ -61,6 +61,13 @@ pub fn tiny_generator(dir: &Path) {
         .unwrap();
 }
 
+/// [`tiny_generator`] written under `root/generator` and loaded back on the default device.
+pub fn load_tiny_generator(root: &Path) -> ShapesGenerator<Flex> {
+    let dir = root.join("generator");
+    tiny_generator(&dir);
+    ShapesGenerator::<Flex>::load(&dir, &Default::default()).unwrap()
+}
+
 pub fn tiny_config(root: &Path, rollouts: u64, extra: &[&str]) -> TrainConfig {
     let dir = |name: &str| root.join(name).display().to_string();
     let mut o = vec![
