@@ -295,10 +295,18 @@ fn run<B: Backend>(args: &Args, dev: &B::Device) -> Result<()> {
             .iter()
             .zip(b.to_vec::<f32>().unwrap())
         {
-            worst = worst.max(((f64::from(q) - f64::from(*p)).exp() - 1.0).abs());
+            let d = ((f64::from(q) - f64::from(*p)).exp() - 1.0).abs();
+            // a NaN log-prob makes the worst ratio NaN (`f64::max` would drop it)
+            worst = if d.is_nan() || worst.is_nan() {
+                f64::NAN
+            } else {
+                worst.max(d)
+            };
         }
     }
     let replay_time = t_replay.elapsed();
+    // equal NaN bits are not a replay that reproduced its log-probs
+    let identical = identical && !worst.is_nan();
 
     // Deterministic runs from the same x_T against the exact endpoint.
     let exact = flow.solution(x_t.clone(), 0.0);

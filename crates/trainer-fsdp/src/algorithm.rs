@@ -662,19 +662,28 @@ impl<B: AutodiffBackend, W: World<B>> Algorithm<B, W> for FlowGrpo {
         if self.anchor == AnchorSource::Rollout {
             // Before the first optimizer step the replay runs under the sampler's weights, so
             // the first update's ratios measure the parity of its samples.
-            let parity = updates
-                .iter()
-                .find(|u| u.update_index == 0)
-                .map_or(f64::NAN, |u| {
-                    u.micro_batches.iter().fold(0.0, |acc, d| {
-                        let d = &d.clip;
-                        nan_max(acc, nan_max(d.ratio_min.ln().abs(), d.ratio_max.ln().abs()))
-                    })
-                });
-            m.insert(names::TRAIN_LOGP_PARITY_MAX_ABS.into(), parity);
+            m.insert(
+                names::TRAIN_LOGP_PARITY_MAX_ABS.into(),
+                first_update_parity(updates),
+            );
         }
         m
     }
+}
+
+/// The largest `|log ratio|` of the first update's micro-batches (`train/logp_parity_max_abs`
+/// under the sampler's own log-probs as the anchor); NaN when that update forwarded nothing
+/// (skipped on degenerate advantages) or a ratio is NaN: nothing measured is not parity.
+fn first_update_parity(updates: &[UpdateReport<PolicyDiagnostics>]) -> f64 {
+    updates
+        .iter()
+        .find(|u| u.update_index == 0 && !u.micro_batches.is_empty())
+        .map_or(f64::NAN, |u| {
+            u.micro_batches.iter().fold(0.0, |acc, d| {
+                let d = &d.clip;
+                nan_max(acc, nan_max(d.ratio_min.ln().abs(), d.ratio_max.ln().abs()))
+            })
+        })
 }
 
 /// The ratio metrics of clipped-objective updates, pooled over all their micro-batches:
@@ -788,7 +797,17 @@ impl RatioTally {
 
     fn std(&self) -> f64 {
         let mean = self.mean();
-        (self.sum_r2 / self.n() - mean * mean).max(0.0).sqrt()
+        std_of_variance(self.sum_r2 / self.n() - mean * mean)
+    }
+}
+
+/// The standard deviation of a variance computed as `E[x^2] - E[x]^2`: rounding can leave it
+/// slightly below zero, which reads as 0; NaN stays NaN (`f64::max` would turn it into 0).
+pub(crate) fn std_of_variance(var: f64) -> f64 {
+    if var.is_nan() {
+        f64::NAN
+    } else {
+        var.max(0.0).sqrt()
     }
 }
 
@@ -849,6 +868,49 @@ mod tests {
     }
 
     #[test]
+    fn parity_is_measured_only_where_the_first_update_forwarded() {
+        let diag = |min: f64, max: f64| PolicyDiagnostics {
+            clip: ClipDiagnostics {
+                ratio_mean: 1.0,
+                ratio_std: 0.0,
+                ratio_min: min,
+                ratio_max: max,
+                clip_fraction: 0.0,
+                clipped_gradient_fraction: 0.0,
+                approx_kl: 0.0,
+                elements: 4,
+            },
+            kl_ref: None,
+            kl_ema: None,
+        };
+        let update = |index: usize, mbs: Vec<PolicyDiagnostics>| UpdateReport {
+            update_index: index,
+            loss: 0.0,
+            num_microbatches: mbs.len(),
+            micro_batches: mbs,
+            step: crate::train::StepReport {
+                lr: 1e-3,
+                clip: None,
+                skipped: None,
+            },
+            samples: 4,
+            transitions: 4,
+            seconds: 0.0,
+        };
+        let e = 1e-3_f64.exp();
+        let p = first_update_parity(&[
+            update(0, vec![diag(1.0, e), diag(1.0 / (2.0 * e), 1.0)]),
+            update(1, vec![diag(0.1, 10.0)]),
+        ]);
+        assert!((p - (1e-3 + 2f64.ln())).abs() < 1e-12, "{p}");
+        // a skipped first update measured nothing: NaN, not a perfect 0
+        assert!(
+            first_update_parity(&[update(0, vec![]), update(1, vec![diag(1.0, 1.0)])]).is_nan()
+        );
+        assert!(first_update_parity(&[update(0, vec![diag(f64::NAN, 1.0)])]).is_nan());
+    }
+
+    #[test]
     fn ratio_tally_pools_micro_batches() {
         let d = |mean: f64, std: f64, min: f64, max: f64, e: usize| ClipDiagnostics {
             ratio_mean: mean,
@@ -867,6 +929,11 @@ mod tests {
         let t = RatioTally::over(&[d(1.0, 0.0, 1.0, f64::NAN, 2)]);
         assert!(t.rmax.is_nan());
         let t = RatioTally::over(&[]);
-        assert!(t.mean().is_nan() && t.rmin.is_nan());
+        assert!(t.mean().is_nan() && t.std().is_nan() && t.rmin.is_nan());
+        let t = RatioTally::over(&[d(1.0, f64::NAN, 1.0, 1.0, 2)]);
+        assert!(t.std().is_nan());
+        // rounding below zero is a zero spread, not NaN
+        assert_eq!(std_of_variance(-1e-18), 0.0);
+        assert!(std_of_variance(f64::NAN).is_nan());
     }
 }

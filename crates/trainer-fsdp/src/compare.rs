@@ -183,7 +183,8 @@ impl RunCurve {
 }
 
 /// A run's curve from its `metrics.jsonl`: every record with an evaluation, at the CPU
-/// seconds that record logged (the starting evaluation, logged before any rollout, at 0).
+/// seconds that record logged (the starting evaluation, logged before any rollout, at 0). An
+/// evaluation whose reward was not finite (logged as `null`) is a point with a NaN reward.
 ///
 /// # Errors
 /// Reading or parsing the log; [`TrainerError::NoEvaluations`] when it holds none.
@@ -191,12 +192,15 @@ pub fn run_curve(method: &str, seed: u64, jsonl: &Path) -> Result<RunCurve, Trai
     let mut points = Vec::new();
     for r in read_jsonl(jsonl)? {
         let get = |k: &str| r.metrics.get(k).copied().flatten();
-        let Some(reward) = get(EVAL_REWARD) else {
+        // the log writes a non-finite value as `null`: a record that holds the key evaluated,
+        // and a `null` there is an evaluation that diverged, kept as NaN (not skipped, which
+        // would make an earlier evaluation the run's last)
+        let Some(reward) = r.metrics.get(EVAL_REWARD).copied() else {
             continue;
         };
         points.push(CurvePoint {
             cpu_seconds: get(names::PERF_TRAIN_CPU_SECONDS).unwrap_or(0.0),
-            reward,
+            reward: reward.unwrap_or(f64::NAN),
             stderr: get(EVAL_REWARD_SE).unwrap_or(f64::NAN),
         });
     }
@@ -240,8 +244,9 @@ pub fn curves_csv(curves: &[RunCurve]) -> String {
 ///
 /// # Errors
 /// Reading the file; [`TrainerError::CurvesCsv`] naming the line for a wrong header, a row
-/// without five fields, a field that is not a number, a NaN reward, or a run (method and
-/// seed) whose rows are not consecutive or that `seen` already holds.
+/// without five fields, a field that is not a number, or a run (method and seed) whose rows
+/// are not consecutive or that `seen` already holds. A NaN reward (an evaluation that
+/// diverged, as [`run_curve`] reads it) and a NaN standard error are data.
 pub fn read_curves_csv(path: &Path, seen: &[RunCurve]) -> Result<Vec<RunCurve>, TrainerError> {
     let text = std::fs::read_to_string(path).map_err(crate::error::io_err(path, "read"))?;
     let bad = |line: usize, problem: String| TrainerError::CurvesCsv {
@@ -286,9 +291,6 @@ pub fn read_curves_csv(path: &Path, seen: &[RunCurve]) -> Result<Vec<RunCurve>, 
             reward: num("reward", reward)?,
             stderr: num("stderr", stderr)?,
         };
-        if point.reward.is_nan() {
-            return Err(bad(n, "reward NaN: an evaluation without a reward".into()));
-        }
         match out.last_mut() {
             Some(c) if c.method == method && c.seed == seed => c.points.push(point),
             _ => {
@@ -753,7 +755,6 @@ mod tests {
                 &format!("{h}\nnft,0,1.0,0.2,0.01\nnft,0,2,abc,0.01\n"),
                 "line 3: reward \"abc\"",
             ),
-            (&format!("{h}\nnft,0,1.0,NaN,0.01\n"), "line 2: reward NaN"),
             (
                 &format!("{h}\nnft,0,0,0.2,0.01\nawm,0,0,0.2,0.01\nnft,0,5,0.3,0.01\n"),
                 "line 4: nft, seed 0 appears a second time",
@@ -763,13 +764,49 @@ mod tests {
             let err = read_curves_csv(&a, &[]).unwrap_err().to_string();
             assert!(err.contains(want), "{text:?}: {err}");
         }
-        // a NaN standard error (one evaluation seed) is data, not an error
+        // a NaN standard error (one evaluation seed) is data, not an error, and so is a NaN
+        // reward (a diverged evaluation): both go through the file
         std::fs::write(&a, format!("{h}\nnft,0,0,0.2,NaN\n")).unwrap();
         assert!(
             read_curves_csv(&a, &[]).unwrap()[0].points[0]
                 .stderr
                 .is_nan()
         );
+        let diverged = vec![curve("nft", 0, &[(0.0, 0.2), (60.0, f64::NAN)])];
+        std::fs::write(&a, curves_csv(&diverged)).unwrap();
+        let back = read_curves_csv(&a, &[]).unwrap();
+        assert!(back[0].points[1].reward.is_nan(), "{back:?}");
+        assert_eq!(back[0].points[1].cpu_seconds, 60.0);
+    }
+
+    #[test]
+    fn a_diverged_evaluation_is_a_nan_point_not_a_skipped_one() {
+        use crate::monitor::{JsonlWriter, MetricsRecord};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("metrics.jsonl");
+        let mut w = JsonlWriter::open(&path, 0).unwrap();
+        let rec = |step: u64, m: &[(&str, f64)]| MetricsRecord {
+            step,
+            wall_time: 0.0,
+            metrics: m.iter().map(|(k, v)| (k.to_string(), Some(*v))).collect(),
+        };
+        let cpu = names::PERF_TRAIN_CPU_SECONDS;
+        w.append(&rec(0, &[(EVAL_REWARD, 0.2), (EVAL_REWARD_SE, 0.01)]))
+            .unwrap();
+        w.append(&rec(1, &[(cpu, 30.0), ("train/loss", 1.0)]))
+            .unwrap();
+        w.append(&rec(2, &[(cpu, 60.0), (EVAL_REWARD, 0.25)]))
+            .unwrap();
+        // the writer logs the non-finite reward as `null`
+        w.append(&rec(3, &[(cpu, 90.0), (EVAL_REWARD, f64::NAN)]))
+            .unwrap();
+        drop(w);
+        let c = run_curve("nft", 0, &path).unwrap();
+        assert_eq!(c.points.len(), 3, "{c:?}");
+        let last = c.last().unwrap();
+        assert!(last.reward.is_nan() && last.cpu_seconds == 90.0, "{last:?}");
+        assert_eq!(c.points[1].reward, 0.25);
+        assert!(c.points[1].stderr.is_nan());
     }
 
     #[test]

@@ -546,16 +546,8 @@ pub fn export_qwen_image_transformer<Bi: burn::tensor::backend::Backend>(
             .convert::<f32>()
             .into_vec::<f32>()
             .expect("f32");
-        let scale = want.iter().fold(1.0f64, |m, v| {
-            if m.is_nan() || v.is_nan() {
-                f64::NAN
-            } else {
-                m.max(v.abs() as f64)
-            }
-        });
-        let max_abs = max_abs_diff(&want, &got);
-        let tolerance = tolerance * scale;
-        if max_abs.is_nan() || max_abs > tolerance {
+        let (max_abs, tolerance, close) = reloaded_is_close(&want, &got, tolerance);
+        if !close {
             return Err(TrainerError::ExportVerify {
                 reloaded_as,
                 max_abs,
@@ -592,4 +584,41 @@ pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f64 {
             m.max(d)
         }
     })
+}
+
+/// The largest difference between the policy's output `want` and the reloaded one's `got`,
+/// the tolerance `relative` scaled by the largest `|want|` (at least 1), and whether the
+/// difference is within it. A non-finite value on either side fails: an infinity in `want`
+/// would make the tolerance infinite and pass anything, so it makes the scale NaN instead.
+fn reloaded_is_close(want: &[f32], got: &[f32], relative: f64) -> (f64, f64, bool) {
+    let scale = want.iter().fold(1.0f64, |m, v| {
+        if m.is_nan() || !v.is_finite() {
+            f64::NAN
+        } else {
+            m.max(f64::from(v.abs()))
+        }
+    });
+    let max_abs = max_abs_diff(want, got);
+    let tolerance = relative * scale;
+    let close = !max_abs.is_nan() && !tolerance.is_nan() && max_abs <= tolerance;
+    (max_abs, tolerance, close)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reload_is_close_only_where_both_sides_are_finite() {
+        // within the tolerance scaled by the largest |want| (here 4)
+        let (d, tol, ok) = reloaded_is_close(&[1.0, -4.0], &[1.0, -4.0 + 1e-6], 1e-6);
+        assert!(ok && (tol - 4e-6).abs() < 1e-18 && d > 0.0, "{d} {tol}");
+        assert!(!reloaded_is_close(&[1.0, -4.0], &[1.0, -3.9], 1e-6).2);
+        // an infinity in the reference would make the tolerance infinite: refused
+        let (_, tol, ok) = reloaded_is_close(&[f32::INFINITY, 1.0], &[f32::INFINITY, 1.0], 1e-6);
+        assert!(!ok && tol.is_nan());
+        assert!(!reloaded_is_close(&[f32::INFINITY, 1.0], &[0.0, 1.0], 1e-6).2);
+        assert!(!reloaded_is_close(&[1.0], &[f32::NAN], 1e-6).2);
+        assert!(!reloaded_is_close(&[1.0], &[1.0, 2.0], 1e-6).2);
+    }
 }

@@ -1397,7 +1397,8 @@ where
         Ok(crate::monitor::read_jsonl(&path)?
             .into_iter()
             .find_map(|r| {
-                let reward = r.metrics.get(EVAL_REWARD).copied().flatten()?;
+                // a `null` reward is an evaluation that was not finite, not a missing one
+                let reward = r.metrics.get(EVAL_REWARD).copied()?.unwrap_or(f64::NAN);
                 let stderr = r
                     .metrics
                     .get(EVAL_REWARD_SE)
@@ -1864,7 +1865,7 @@ fn value_metrics(step: &ValueStep, row_rewards: &[f64], advantages: &[f32]) -> M
     m.insert(names::TRAIN_VALUE_ADVANTAGE_MEAN.into(), mean_a);
     m.insert(
         names::TRAIN_VALUE_ADVANTAGE_STD.into(),
-        (sum_a2 / n - mean_a * mean_a).max(0.0).sqrt(),
+        crate::algorithm::std_of_variance(sum_a2 / n - mean_a * mean_a),
     );
     m.insert(
         names::TRAIN_VALUE_BUFFER_ROWS.into(),

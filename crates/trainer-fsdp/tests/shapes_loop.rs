@@ -94,6 +94,12 @@ fn one_full_iteration_end_to_end() {
     let ratio = |u: usize| {
         let d = &report.updates[u].micro_batches;
         assert!(!d.is_empty());
+        // every ratio finite, so the folds below cannot drop a NaN
+        assert!(
+            d.iter()
+                .all(|d| d.clip.ratio_min.is_finite() && d.clip.ratio_max.is_finite()),
+            "update {u}: a non-finite ratio"
+        );
         (
             d.iter()
                 .map(|d| d.clip.ratio_min)
