@@ -73,6 +73,23 @@ impl TrainConfig {
             });
         }
         let sde = s.sde_type.sde_type();
+        if ode_rollouts && s.sde_type != SdeKind::FlowSde {
+            p.push(PreflightProblem::OutOfRange {
+                key: "sampling.sde_type",
+                given: match s.sde_type {
+                    SdeKind::FlowSde => "\"sde\"",
+                    SdeKind::Dance => "\"dance\"",
+                    SdeKind::Cps => "\"cps\"",
+                    SdeKind::Churn => "\"churn\"",
+                }
+                .into(),
+                allowed: "\"sde\" (the recipes' value) with algorithm.kind = \"nft\" or \"dpo\": their \
+                          rollouts are deterministic and take no SDE",
+            });
+        }
+        if s.sde_window.is_none() {
+            self.check_unused_step_keys(&mut p);
+        }
         // the sampling schedule policy at `steps` (the rollouts', and the evaluations' own)
         let schedule_at = |steps: usize| {
             s.schedule_policy()
@@ -309,6 +326,43 @@ impl TrainConfig {
                 allowed: "an integer >= 1, or absent to keep every checkpoint",
             });
         }
+        // the keys of a resume are read only when resuming, and overwrite only when not: a
+        // combination that would drop one is refused (resume_from with overwrite but without
+        // resume would move the run aside and start afresh)
+        let c = &self.checkpoint;
+        if !c.resume {
+            let without_resume = "absent or false unless checkpoint.resume = true (--resume): it is \
+                                  read only when resuming";
+            for (key, given) in [
+                (
+                    "checkpoint.resume_from",
+                    c.resume_from.map(|i| i.to_string()),
+                ),
+                (
+                    "checkpoint.allow_fresh",
+                    c.allow_fresh.then(|| "true".into()),
+                ),
+                (
+                    "checkpoint.allow_config_changes",
+                    c.allow_config_changes.then(|| "true".into()),
+                ),
+            ] {
+                if let Some(given) = given {
+                    p.push(PreflightProblem::OutOfRange {
+                        key,
+                        given,
+                        allowed: without_resume,
+                    });
+                }
+            }
+        } else if c.overwrite {
+            p.push(PreflightProblem::OutOfRange {
+                key: "checkpoint.overwrite",
+                given: "true".into(),
+                allowed: "false with checkpoint.resume = true (--resume continues the run in the \
+                          directory; --overwrite moves it aside to start again: choose one)",
+            });
+        }
         if self.artifacts.retention_rollouts <= 0 {
             warnings.push(PreflightWarning::UnboundedArtifacts {
                 retention_rollouts: self.artifacts.retention_rollouts,
@@ -502,7 +556,38 @@ impl TrainConfig {
                 });
                 None
             }
-            (TrainableMode::Full, _) => Some(Trainable::Full),
+            (TrainableMode::Full, lora) => {
+                // a [lora] section of rank 0 beside a full fine-tune trains no adapter: what
+                // would shape or seed one is refused rather than dropped
+                if let Some(l) = lora {
+                    let unused = "absent with model.trainable_mode = \"full\" (every weight is \
+                                  trained; no adapter is built)";
+                    for (key, given) in [
+                        (
+                            "lora.init_from",
+                            l.init_from.as_ref().map(|p| p.display().to_string()),
+                        ),
+                        (
+                            "lora.target_modules",
+                            l.target_modules.as_ref().map(|t| format!("{t:?}")),
+                        ),
+                        ("lora.use_rslora", l.use_rslora.then(|| "true".to_string())),
+                        (
+                            "lora.init_dropout",
+                            (!l.init_dropout.is_refuse()).then(|| "\"zero\"".to_string()),
+                        ),
+                    ] {
+                        if let Some(given) = given {
+                            p.push(PreflightProblem::OutOfRange {
+                                key,
+                                given,
+                                allowed: unused,
+                            });
+                        }
+                    }
+                }
+                Some(Trainable::Full)
+            }
             (TrainableMode::Lora, None)
             | (TrainableMode::Lora, Some(LoraSection { rank: 0, .. })) => {
                 p.push(PreflightProblem::TrainableModeRank {
@@ -525,6 +610,15 @@ impl TrainConfig {
                 }
                 match cfg.validate() {
                     Ok(()) => match &l.init_from {
+                        None if !l.init_dropout.is_refuse() => {
+                            p.push(PreflightProblem::OutOfRange {
+                                key: "lora.init_dropout",
+                                given: "\"zero\"".into(),
+                                allowed: "\"refuse\" (the default) without lora.init_from: it says what \
+                                          to do with a starting adapter's dropout, and there is none",
+                            });
+                            None
+                        }
                         None => Some(Trainable::Lora(cfg)),
                         Some(path) => check_lora_init(l, cfg, path, p, warnings),
                     },
@@ -916,6 +1010,60 @@ fn check_algorithm(
 }
 
 impl TrainConfig {
+    /// Without a window: the trained-step keys the configured plan does not read are refused
+    /// rather than dropped. With `sde_resample_per_rollout` the pool is drawn from (the
+    /// fraction window only when there is no pool); without it the explicit list is trained
+    /// as it stands (its length is the trained steps) or, with no list, the fraction window's
+    /// picks are.
+    fn check_unused_step_keys(&self, p: &mut Vec<PreflightProblem>) {
+        let s = &self.sampling;
+        let fraction = s
+            .sde_timestep_fraction
+            .map(|[lo, hi]| format!("[{lo}, {hi}]"));
+        if s.sde_resample_per_rollout {
+            if let (Some(_), Some(given)) = (&s.sde_pool, fraction) {
+                p.push(PreflightProblem::OutOfRange {
+                    key: "sampling.sde_timestep_fraction",
+                    given,
+                    allowed: "absent with sampling.sde_pool and sde_resample_per_rollout = true \
+                              (each rollout draws its trained steps from the pool; the fraction \
+                              window stands in for a missing pool only)",
+                });
+            }
+            return;
+        }
+        if let Some(pool) = &s.sde_pool {
+            p.push(PreflightProblem::OutOfRange {
+                key: "sampling.sde_pool",
+                given: format!("{pool:?}"),
+                allowed: "absent with sampling.sde_resample_per_rollout = false (the pool is what \
+                          a per-rollout draw picks from)",
+            });
+        }
+        if let Some(ix) = &s.sde_indices {
+            if s.num_sde_steps != ix.len() {
+                p.push(PreflightProblem::OutOfRange {
+                    key: "sampling.num_sde_steps",
+                    given: format!(
+                        "{} (sampling.sde_indices lists {})",
+                        s.num_sde_steps,
+                        ix.len()
+                    ),
+                    allowed: "the length of sampling.sde_indices (without a per-rollout draw the \
+                              listed steps are the trained steps)",
+                });
+            }
+            if let Some(given) = fraction {
+                p.push(PreflightProblem::OutOfRange {
+                    key: "sampling.sde_timestep_fraction",
+                    given,
+                    allowed: "absent with sampling.sde_indices and sde_resample_per_rollout = false \
+                              (the listed steps are trained; the fraction window is not built)",
+                });
+            }
+        }
+    }
+
     /// MixGRPO's window of `sampling.sde_window`, validated against the schedule; the other
     /// trained-step keys must be off (each one left on is a problem of its own).
     fn sliding_window(
@@ -985,6 +1133,26 @@ impl TrainConfig {
                     key,
                     given: "set".into(),
                     allowed: "absent: only its own strategy reads it (min_interval: \"decay\"; decay_k, decay_threshold: \"exp_decay\")",
+                });
+            }
+        }
+        // a random start is drawn over every start of the span: no walk, so no stride and
+        // nothing at its end
+        if w.strategy == WindowStrategyKind::Random {
+            if w.stride != 1 {
+                p.push(PreflightProblem::OutOfRange {
+                    key: "sampling.sde_window.stride",
+                    given: w.stride.to_string(),
+                    allowed: "1 with strategy = \"random\" (each start is drawn over the whole span; \
+                              the stride is the step of the other strategies' walk)",
+                });
+            }
+            if w.at_end != WindowEndKind::Clip {
+                p.push(PreflightProblem::OutOfRange {
+                    key: "sampling.sde_window.at_end",
+                    given: "\"roll_back\"".into(),
+                    allowed: "\"clip\" (the default) with strategy = \"random\" (a random start has no \
+                              walk to reach the end of)",
                 });
             }
         }

@@ -1263,3 +1263,117 @@ fn the_dpok_preset_takes_a_quarter_of_the_lr() {
     let c = TrainConfig::from_recipe(RecipeName::ShapesWorldLora, &o).unwrap();
     assert_eq!(c.optimizer.lr, 2.5e-4);
 }
+
+/// Keys that a combination of the others leaves unread are refused by name, every one at
+/// once, and the presets and recipes set none of them.
+#[test]
+fn keys_another_key_leaves_unread_are_refused() {
+    let refused = |c: &TrainConfig, keys: &[&str]| {
+        let p = problems(c);
+        for key in keys {
+            assert!(
+                p.iter().any(|m| m.starts_with(&format!("{key} = "))),
+                "{key} not refused: {p:?}"
+            );
+        }
+        p
+    };
+    // trained steps: resampling off leaves the pool unread; an explicit list is trained as it
+    // stands, so its length is the step count and no fraction window is built
+    let mut c = TrainConfig::shapes_world_lora();
+    c.sampling.sde_resample_per_rollout = false;
+    c.sampling.num_sde_steps = 2;
+    c.sampling.sde_timestep_fraction = Some([0.0, 0.5]);
+    let p = refused(
+        &c,
+        &[
+            "sampling.sde_pool",
+            "sampling.num_sde_steps",
+            "sampling.sde_timestep_fraction",
+        ],
+    );
+    assert!(
+        p.iter()
+            .any(|m| m.contains("2 (sampling.sde_indices lists 3)")),
+        "{p:?}"
+    );
+    c.sampling.sde_pool = None;
+    c.sampling.num_sde_steps = 3;
+    c.sampling.sde_timestep_fraction = None;
+    assert!(c.preflight().is_ok(), "{:?}", problems(&c));
+    // a resample from a pool does not read the fraction window
+    let mut c = TrainConfig::shapes_world_lora();
+    c.sampling.sde_timestep_fraction = Some([0.1, 0.5]);
+    refused(&c, &["sampling.sde_timestep_fraction"]);
+    c.sampling.sde_pool = None;
+    assert!(c.preflight().is_ok(), "{:?}", problems(&c));
+
+    // deterministic rollouts take no SDE
+    let mut c = TrainConfig::from_recipe(
+        RecipeName::ShapesWorldLora,
+        &algorithm_overrides("nft").unwrap(),
+    )
+    .unwrap();
+    assert!(c.preflight().is_ok());
+    c.sampling.sde_type = SdeKind::Dance;
+    let p = refused(&c, &["sampling.sde_type"]);
+    assert!(p.iter().any(|m| m.contains("\"dance\"")), "{p:?}");
+
+    // a random window start reads neither the stride nor the end of a walk
+    let mut c = TrainConfig::from_recipe(
+        RecipeName::ShapesWorldLora,
+        &algorithm_overrides("flow_grpo_fast").unwrap(),
+    )
+    .unwrap();
+    let w = c.sampling.sde_window.as_mut().unwrap();
+    w.stride = 2;
+    w.at_end = WindowEndKind::RollBack;
+    refused(
+        &c,
+        &["sampling.sde_window.stride", "sampling.sde_window.at_end"],
+    );
+
+    // a full fine-tune builds no adapter; a dropout rule without a starting adapter is moot
+    let mut c = TrainConfig::shapes_world_lora();
+    c.model.trainable_mode = TrainableMode::Full;
+    let l = c.lora.as_mut().unwrap();
+    l.rank = 0;
+    assert!(c.preflight().is_ok(), "{:?}", problems(&c));
+    let l = c.lora.as_mut().unwrap();
+    l.init_from = Some(PathBuf::from("adapter"));
+    l.use_rslora = true;
+    l.target_modules = Some(vec!["to_q".into()]);
+    l.init_dropout = InitDropout::Zero;
+    refused(
+        &c,
+        &[
+            "lora.init_from",
+            "lora.use_rslora",
+            "lora.target_modules",
+            "lora.init_dropout",
+        ],
+    );
+    let mut c = TrainConfig::shapes_world_lora();
+    c.lora.as_mut().unwrap().init_dropout = InitDropout::Zero;
+    refused(&c, &["lora.init_dropout"]);
+
+    // a resume's keys without a resume, and a resume that would also overwrite
+    let mut c = TrainConfig::shapes_world_lora();
+    c.checkpoint.resume_from = Some(7);
+    c.checkpoint.allow_fresh = true;
+    c.checkpoint.allow_config_changes = true;
+    c.checkpoint.overwrite = true;
+    refused(
+        &c,
+        &[
+            "checkpoint.resume_from",
+            "checkpoint.allow_fresh",
+            "checkpoint.allow_config_changes",
+        ],
+    );
+    c.checkpoint.resume = true;
+    let p = refused(&c, &["checkpoint.overwrite"]);
+    assert!(!p.iter().any(|m| m.contains("resume_from")), "{p:?}");
+    c.checkpoint.overwrite = false;
+    assert!(c.preflight().is_ok(), "{:?}", problems(&c));
+}
