@@ -284,6 +284,41 @@ pub enum RewardError {
         vocab_size: usize,
     },
 
+    /// A batch of token sequences to embed is empty.
+    #[error("the text model needs at least one token sequence, got an empty batch")]
+    EmptyTokenBatch,
+
+    /// The rows of a token batch have different lengths (a batch is one `[batch, seq]` tensor).
+    #[error("token row {row} has {found} ids, row 0 has {expected}: rows must have equal length")]
+    RaggedTokenRows {
+        /// The first row whose length differs from row 0's.
+        row: usize,
+        /// Row 0's length.
+        expected: usize,
+        /// This row's length.
+        found: usize,
+    },
+
+    /// A token sequence is empty or longer than the text model has positions for.
+    #[error(
+        "token sequence length {length} is outside 1..={max} (the text model's max_position_embeddings)"
+    )]
+    TokenSequenceLength {
+        /// The sequence length given.
+        length: usize,
+        /// The text model's `max_position_embeddings`.
+        max: usize,
+    },
+
+    /// A decoded-image tensor does not have 3 (RGB) channels.
+    #[error("decoded images must be [batch, 3, H, W], got {shape:?} ({channels} channels)")]
+    ImageChannels {
+        /// The channels found.
+        channels: usize,
+        /// The tensor's shape `[batch, channels, H, W]`.
+        shape: [usize; 4],
+    },
+
     /// A PNG could not be encoded.
     #[error("PNG encoding failed: {source}")]
     Png {

@@ -118,13 +118,19 @@ impl RgbImage {
 
     /// A batch of images from a decoded-image tensor `[batch, 3, H, W]` with values in
     /// `[0, 1]` (read back to the host once), each value mapped by [`quantize_unit`].
-    /// Errors name the image index of a non-finite value.
+    ///
+    /// # Errors
+    /// [`RewardError::ImageChannels`] naming the shape when the tensor does not have 3
+    /// channels; [`RewardError::NonFiniteImage`] naming the image index of a NaN or an
+    /// infinity.
     pub fn batch_from_tensor<B: Backend>(images: Tensor<B, 4>) -> Result<Vec<Self>, RewardError> {
         let [b, c, h, w] = images.dims();
-        assert_eq!(
-            c, 3,
-            "decoded images must be [batch, 3, H, W], got {c} channels"
-        );
+        if c != 3 {
+            return Err(RewardError::ImageChannels {
+                channels: c,
+                shape: [b, c, h, w],
+            });
+        }
         let values: Vec<f32> = images
             .into_data()
             .convert::<f32>()
@@ -201,5 +207,36 @@ impl RgbImage {
             w.finish().map_err(|source| RewardError::Png { source })?;
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::backend::Flex;
+    use burn::tensor::Tensor;
+
+    use super::*;
+
+    #[test]
+    fn batch_from_tensor_refuses_a_tensor_without_three_channels() {
+        let device = Default::default();
+        let four = Tensor::<Flex, 4>::zeros([2, 4, 2, 3], &device);
+        let err = RgbImage::batch_from_tensor(four).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                RewardError::ImageChannels {
+                    channels: 4,
+                    shape: [2, 4, 2, 3]
+                }
+            ),
+            "{err}"
+        );
+        assert!(err.to_string().contains("[2, 4, 2, 3]"), "{err}");
+        let three = Tensor::<Flex, 4>::ones([2, 3, 2, 3], &device);
+        let images = RgbImage::batch_from_tensor(three).unwrap();
+        assert_eq!(images.len(), 2);
+        assert_eq!((images[1].width(), images[1].height()), (3, 2));
+        assert_eq!(images[1].pixel(2, 1), [255, 255, 255]);
     }
 }

@@ -148,12 +148,22 @@ impl<B: Backend> PickScore<B> {
 
     /// The scores of aligned `(image_i, prompt_i)` pairs at the configured scale, one forward
     /// pass (no chunking: [`Scorer::score`] chunks).
+    ///
+    /// # Errors
+    /// [`RewardError::BatchLength`] (input `prompt`) when there is not one prompt per image;
+    /// the tokenizer's and the text model's errors ([`ClipModel::text_embeds`]).
     pub fn score_pairs(
         &self,
         images: &[crate::RgbImage],
         prompts: &[String],
     ) -> Result<Vec<f64>, RewardError> {
-        assert_eq!(images.len(), prompts.len(), "one prompt per image");
+        if images.len() != prompts.len() {
+            return Err(RewardError::BatchLength {
+                input: Input::Prompt,
+                expected: images.len(),
+                found: prompts.len(),
+            });
+        }
         if images.is_empty() {
             return Ok(Vec::new());
         }
@@ -201,5 +211,41 @@ impl<B: Backend> Scorer for PickScore<B> {
             .into_iter()
             .map(|s| Components::new().with(PICKSCORE_COMPONENT, s))
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::backend::Flex;
+
+    use super::*;
+    use crate::RgbImage;
+
+    fn tiny_clip() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/reward/tiny_clip")
+    }
+
+    #[test]
+    fn score_pairs_refuses_images_and_prompts_of_different_counts() {
+        let scorer =
+            PickScore::<Flex>::from_dir(tiny_clip(), &Default::default(), Default::default())
+                .unwrap();
+        let images = vec![RgbImage::filled(32, 32, [200, 10, 10]); 2];
+        let err = scorer
+            .score_pairs(&images, &["a red square".to_string()])
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                RewardError::BatchLength {
+                    input: Input::Prompt,
+                    expected: 2,
+                    found: 1
+                }
+            ),
+            "{err}"
+        );
+        let prompts = vec!["a red square".to_string(); 2];
+        assert_eq!(scorer.score_pairs(&images, &prompts).unwrap().len(), 2);
     }
 }

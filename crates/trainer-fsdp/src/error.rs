@@ -728,6 +728,20 @@ pub enum TrainerError {
         #[source]
         source: std::io::Error,
     },
+
+    /// A text encoder's shape (the shapes world's `text_encoder.json`) cannot be built, or does
+    /// not fit the transformer it conditions.
+    #[error("text encoder shape {path}: {field} = {value}, expected {expected}")]
+    TextEncoderShape {
+        /// The shape file.
+        path: PathBuf,
+        /// The field (`heads`, `d_model`).
+        field: &'static str,
+        /// Its value.
+        value: usize,
+        /// What would fit.
+        expected: String,
+    },
 }
 
 impl TrainerError {

@@ -423,21 +423,34 @@ impl<B: Backend> ClipModel<B> {
     /// `seq <= max_position_embeddings`, ids below the vocabulary size) to
     /// `[batch, projection_dim]`, not normalised. The tower is causal, so padding after the
     /// pooled token does not change the result.
+    ///
+    /// # Errors
+    /// [`RewardError::EmptyTokenBatch`] for no rows, [`RewardError::RaggedTokenRows`] naming
+    /// the first row whose length differs from row 0's, [`RewardError::TokenSequenceLength`]
+    /// for rows of length 0 or above `max_position_embeddings`, and
+    /// [`RewardError::TokenOutOfVocabulary`] naming an id at or above the vocabulary size.
     pub fn text_embeds(&self, ids: &[Vec<u32>]) -> Result<Tensor<B, 2>, RewardError> {
         let device = self.text_projection.val().device();
         let b = ids.len();
-        assert!(b > 0, "text_embeds needs at least one sequence");
+        if b == 0 {
+            return Err(RewardError::EmptyTokenBatch);
+        }
         let s = ids[0].len();
-        assert!(
-            ids.iter().all(|r| r.len() == s),
-            "token rows must have equal length"
-        );
+        if let Some((row, r)) = ids.iter().enumerate().find(|(_, r)| r.len() != s) {
+            return Err(RewardError::RaggedTokenRows {
+                row,
+                expected: s,
+                found: r.len(),
+            });
+        }
         let [vocab, width] = self.text_model.embeddings.token_embedding.val().dims();
         let max_pos = self.text_model.embeddings.position_embedding.val().dims()[0];
-        assert!(
-            s >= 1 && s <= max_pos,
-            "sequence length {s} outside 1..={max_pos}"
-        );
+        if s == 0 || s > max_pos {
+            return Err(RewardError::TokenSequenceLength {
+                length: s,
+                max: max_pos,
+            });
+        }
         if let Some(&id) = ids.iter().flatten().find(|&&i| i as usize >= vocab) {
             return Err(RewardError::TokenOutOfVocabulary {
                 id,
@@ -484,5 +497,71 @@ impl<B: Backend> ClipModel<B> {
         let cos = (n(image_embeds) * n(text_embeds)).sum_dim(1);
         let b = cos.dims()[0];
         cos.reshape([b]) * self.logit_scale.val().exp()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::backend::Flex;
+
+    use super::*;
+
+    fn tiny() -> (ClipModel<Flex>, usize) {
+        let mut config = ClipConfig::tiny();
+        // the fixture's end-of-text id (the preset keeps CLIP's, outside the tiny vocabulary)
+        config.text_config.eos_token_id = 587;
+        let max = config.text_config.max_position_embeddings;
+        (config.init::<Flex>(&Default::default()), max)
+    }
+
+    #[test]
+    fn text_embeds_refuses_an_empty_batch() {
+        let (model, _) = tiny();
+        assert!(matches!(
+            model.text_embeds(&[]),
+            Err(RewardError::EmptyTokenBatch)
+        ));
+    }
+
+    #[test]
+    fn text_embeds_names_the_first_ragged_row() {
+        let (model, _) = tiny();
+        let ids = vec![vec![1, 2, 3], vec![4, 5, 6], vec![7, 8]];
+        let err = model.text_embeds(&ids).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                RewardError::RaggedTokenRows {
+                    row: 2,
+                    expected: 3,
+                    found: 2
+                }
+            ),
+            "{err}"
+        );
+        assert!(err.to_string().contains("token row 2 has 2 ids"), "{err}");
+    }
+
+    #[test]
+    fn text_embeds_refuses_sequences_of_no_token_or_beyond_the_positions() {
+        let (model, max) = tiny();
+        let err = model.text_embeds(&[vec![1; max + 1]]).unwrap_err();
+        assert!(
+            matches!(err, RewardError::TokenSequenceLength { length, max: m } if length == max + 1 && m == max),
+            "{err}"
+        );
+        assert!(
+            err.to_string()
+                .contains(&format!("length {} is outside 1..={max}", max + 1)),
+            "{err}"
+        );
+        let err = model.text_embeds(&[vec![], vec![]]).unwrap_err();
+        assert!(
+            matches!(err, RewardError::TokenSequenceLength { length: 0, .. }),
+            "{err}"
+        );
+        // the longest sequence the positions allow is embedded
+        let ok = model.text_embeds(&[vec![1; max], vec![2; max]]).unwrap();
+        assert_eq!(ok.dims(), [2, 16]);
     }
 }
