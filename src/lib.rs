@@ -2,7 +2,8 @@
 //!
 //! Reinforcement-learning post-training of flow-matching image generators — FlowGRPO and its
 //! family — written on [burn](https://burn.dev). This facade crate re-exports the workspace's
-//! library crates and owns the thin example binaries and the benches.
+//! main library crates (the table below; not `velocity-model`, `keyed-rng`, `durable`,
+//! `prompt-data` or `fused-ops`) and owns the thin example binaries and the benches.
 //!
 //! | crate | what it holds |
 //! | --- | --- |

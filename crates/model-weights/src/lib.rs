@@ -1,7 +1,7 @@
 //! # model-weights
 //!
 //! The one safetensors weight loader of the model crates (`dit-models`' Qwen-Image transformer,
-//! `reward`'s CLIP, and the text encoder and VAE to come). It knows files, not models:
+//! `reward`'s CLIP, `qwen-image`'s text encoder and VAE). It knows files, not models:
 //!
 //! * [`Checkpoint`]: one `.safetensors` file, or the shards an index JSON names
 //!   (`{"weight_map": {key: shard}}`), opened from a directory by the file names of a

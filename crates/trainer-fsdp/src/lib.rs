@@ -22,13 +22,16 @@
 //!   rate, skips).
 //! * [`run`]: the one generic RL loop ([`Run`]) — rollout, score, advantages, train,
 //!   evaluate, checkpoint, resume — over three seams: [`world`] ([`World`]: prompts, encoder,
-//!   policy, decoder, scorers), [`algorithm`] ([`Algorithm`]; [`FlowGrpo`] first, [`Awm`]
-//!   second) and
-//!   [`workers`] ([`Workers`]; [`LocalWorkers`], one process, first).
+//!   policy, decoder, scorers), [`algorithm`] ([`Algorithm`]: [`FlowGrpo`] with its DPOK,
+//!   MixGRPO, DanceGRPO and Flow-GRPO-Fast settings, [`GrpoGuard`], [`Awm`], [`Nft`], [`Dpo`],
+//!   [`Fdfo`]) and [`workers`] ([`Workers`]: [`LocalWorkers`], one process, and, with the
+//!   `collective` feature (on by default), `CollectiveWorkers` on several ranks through burn's
+//!   collective runtime, module `ranks`).
 //! * [`rollout`]: the sampler (the kernel on the trained steps, a solver elsewhere) and the
 //!   replay of stored steps.
 //! * [`shapes_world`]: the embedded default's world ([`shapes_world::ShapesWorld`]);
-//!   [`scorers`]: the scorers a config names, run as one.
+//!   [`qwen_image_world`]: a diffusers Qwen-Image directory as a world (the reference
+//!   recipe's); [`scorers`]: the scorers a config names, run as one.
 //! * [`dispatch`]: the world and algorithm a config names, handed to a job generic over both;
 //!   [`dispatch::train`], the main job on one process.
 //! * [`sweep`]: the main job's result over seeds, as a table with mean, min and max.

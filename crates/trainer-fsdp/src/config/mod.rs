@@ -9,8 +9,10 @@
 //!
 //! [run]        task, seed, num_rollouts, host_threads (optional; changes no result),
 //!              cpu_budget_seconds (optional: stop once that much CPU time has trained)
-//! [model]      trainable_mode ("full" | "lora"), master_dtype ("fp32" | "bf16", optional),
-//!              param_dtype ("fp32" | "bf16", optional: the frozen weights' dtype)
+//! [model]      generator ({ shapes_world = { dir } } | { qwen_image = { model_path, variant
+//!              (optional) } }), trainable_mode ("full" | "lora"), master_dtype ("fp32" |
+//!              "bf16", optional), param_dtype ("fp32" | "bf16", optional: the frozen
+//!              weights' dtype)
 //! [lora]       rank, alpha, dropout, target_modules (optional), use_rslora, init_from and
 //!              init_dropout (optional: start from an adapter file)   (optional section)
 //! [sampling]   scheduler, schedule_compat ("current" | "diffusers_0_35", optional), height,
@@ -41,7 +43,9 @@
 //! [optimizer]  lr, weight_decay, adam_beta1, adam_beta2, adam_eps, clip_grad,
 //!              lr_warmup_iters, lr_scheduler, min_lr, lr_decay_iters (optional)
 //! [reward]     scorers, required_components, component_weights
-//! [checkpoint] dir, save_interval, max_to_keep (optional: keep all), resume
+//! [checkpoint] dir, save_interval, max_to_keep (optional: keep all), resume, allow_fresh,
+//!              resume_from, allow_config_changes, overwrite, on_failure ("retry" | "fatal")
+//!              (all five optional)
 //! [artifacts]  root, retention_rollouts
 //! [eval]       interval (0: never), samples_per_prompt, num_inference_steps (optional: the
 //!              sampling steps), guidance (optional: true CFG of the evaluations =
