@@ -27,7 +27,9 @@ use burn::tensor::backend::AutodiffBackend;
 
 use crate::algorithm::{Algorithm, FlowGrpo};
 use crate::awm::Awm;
-use crate::config::{AlgorithmPlan, GeneratorSource, Preflight, TrainConfig, TrainableMode};
+use crate::config::{
+    AlgorithmPlan, GeneratorSource, Preflight, TrainConfig, TrainableMode, WindowStrategyKind,
+};
 use crate::dpo::Dpo;
 use crate::error::TrainerError;
 use crate::fdfo::Fdfo;
@@ -360,13 +362,34 @@ fn banner(cfg: &TrainConfig, algorithm: &str, world: &str, run_dir: &Path) -> St
 /// The banner's description of the trained steps.
 fn trained_steps(cfg: &TrainConfig) -> String {
     let s = &cfg.sampling;
+    let fraction = || {
+        let [lo, hi] = s.sde_timestep_fraction.unwrap_or([0.0, 1.0]);
+        format!("the fraction window [{lo}, {hi}]")
+    };
+    if let Some(w) = &s.sde_window {
+        let strategy = match w.strategy {
+            WindowStrategyKind::Progressive => "progressive",
+            WindowStrategyKind::Random => "random",
+            WindowStrategyKind::Decay => "decay",
+            WindowStrategyKind::ExpDecay => "exp_decay",
+        };
+        return format!(
+            "{} trained in a {strategy} sliding window (moved after {} rollouts)",
+            w.size, w.shift_interval
+        );
+    }
     match (&s.sde_pool, &s.sde_indices) {
         (Some(pool), _) if s.sde_resample_per_rollout => format!(
             "{} trained, redrawn per rollout from {pool:?}",
             s.num_sde_steps
         ),
+        (None, _) if s.sde_resample_per_rollout => format!(
+            "{} trained, redrawn per rollout from {}",
+            s.num_sde_steps,
+            fraction()
+        ),
         (_, Some(fixed)) => format!("trained {fixed:?}"),
-        _ => format!("{} trained", s.num_sde_steps),
+        _ => format!("{} trained, picked from {}", s.num_sde_steps, fraction()),
     }
 }
 
@@ -504,5 +527,48 @@ mod tests {
             "{full}"
         );
         assert!(!full.contains("LoRA"), "{full}");
+    }
+
+    /// The banner says where the trained steps come from, as the plan draws them.
+    #[test]
+    fn the_banner_names_where_the_trained_steps_come_from() {
+        let steps = |o: &[&str]| trained_steps(&with(o));
+        assert_eq!(
+            steps(&[]),
+            "3 trained, redrawn per rollout from [1, 2, 3, 4, 5]"
+        );
+        assert_eq!(
+            steps(&[
+                "sampling.sde_pool=",
+                "sampling.sde_timestep_fraction=[0.1, 0.5]"
+            ]),
+            "3 trained, redrawn per rollout from the fraction window [0.1, 0.5]"
+        );
+        assert_eq!(
+            steps(&[
+                "sampling.sde_resample_per_rollout=false",
+                "sampling.sde_pool="
+            ]),
+            "trained [3, 4, 5]"
+        );
+        assert_eq!(
+            steps(&[
+                "sampling.sde_resample_per_rollout=false",
+                "sampling.sde_pool=",
+                "sampling.sde_indices=",
+            ]),
+            "3 trained, picked from the fraction window [0, 1]"
+        );
+        let mix = trained_steps(
+            &TrainConfig::from_recipe(
+                crate::config::RecipeName::ShapesWorldLora,
+                &crate::config::algorithm_overrides("mix_grpo").unwrap(),
+            )
+            .unwrap(),
+        );
+        assert_eq!(
+            mix,
+            "2 trained in a progressive sliding window (moved after 5 rollouts)"
+        );
     }
 }
