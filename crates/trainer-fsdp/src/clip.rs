@@ -25,6 +25,8 @@ use burn::optim::GradientsParams;
 use burn::tensor::Tensor;
 use burn::tensor::backend::AutodiffBackend;
 
+use crate::error::TrainerError;
+
 /// torch's `clip_grad_norm_` epsilon in `max_norm / (total_norm + eps)`.
 pub const CLIP_EPSILON: f64 = 1e-6;
 
@@ -128,8 +130,9 @@ pub fn global_grad_norm<B: AutodiffBackend, M: AutodiffModule<B>>(
 /// Clips `grads` in place by the global norm over `module`'s parameters:
 /// `g <- g * min(1, max_norm / (total_norm + 1e-6))`; returns the pre-clip norm and the factor.
 ///
-/// # Panics
-/// When `max_norm` is not finite and positive (the config's preflight rejects that).
+/// # Errors
+/// [`TrainerError::InvalidClipNorm`] when `max_norm` is not finite and positive (the config's
+/// preflight rejects that); the gradients are then left untouched.
 ///
 /// ```
 /// use burn::backend::{Autodiff, Flex};
@@ -144,7 +147,7 @@ pub fn global_grad_norm<B: AutodiffBackend, M: AutodiffModule<B>>(
 /// // loss = 3 x0 + 4 x1: gradient (3, 4), norm 5, clipped to norm 1
 /// let loss = (p.val() * Tensor::from_floats([3.0, 4.0], &dev)).sum();
 /// let mut grads = GradientsParams::from_grads::<B, _>(loss.backward(), &p);
-/// let report = clip_grad_norm::<B, _>(&p, &mut grads, 1.0);
+/// let report = clip_grad_norm::<B, _>(&p, &mut grads, 1.0).unwrap();
 /// assert!((report.total_norm - 5.0).abs() < 1e-6);
 /// assert!(report.clipped);
 /// let g: Vec<f32> = grads.get::<Flex, 1>(p.id).unwrap().into_data().to_vec().unwrap();
@@ -154,11 +157,13 @@ pub fn clip_grad_norm<B: AutodiffBackend, M: AutodiffModule<B>>(
     module: &M,
     grads: &mut GradientsParams,
     max_norm: f64,
-) -> ClipReport {
-    assert!(
-        max_norm.is_finite() && max_norm > 0.0,
-        "clip_grad_norm: max_norm = {max_norm}; expected a finite value > 0"
-    );
+) -> Result<ClipReport, TrainerError> {
+    if !(max_norm.is_finite() && max_norm > 0.0) {
+        return Err(TrainerError::InvalidClipNorm {
+            key: "max_norm",
+            value: max_norm,
+        });
+    }
     let (total_norm, tensors, elements) = global_grad_norm(module, grads);
     let raw = max_norm / (total_norm + CLIP_EPSILON);
     let clipped = total_norm.is_finite() && raw < 1.0;
@@ -170,14 +175,14 @@ pub fn clip_grad_norm<B: AutodiffBackend, M: AutodiffModule<B>>(
             _b: std::marker::PhantomData,
         });
     }
-    ClipReport {
+    Ok(ClipReport {
         total_norm,
         max_norm,
         coef,
         clipped,
         tensors,
         elements,
-    }
+    })
 }
 
 #[cfg(test)]
@@ -242,7 +247,7 @@ mod tests {
             grads.get::<Flex, 2>(m.base.id).is_none(),
             "the frozen base has no gradient"
         );
-        let r = clip_grad_norm::<AD, _>(&m, &mut grads, 3.5);
+        let r = clip_grad_norm::<AD, _>(&m, &mut grads, 3.5).unwrap();
         assert_eq!(r.total_norm, 7.0);
         assert_eq!((r.tensors, r.elements), (2, 10));
         assert!(r.clipped);
@@ -272,7 +277,7 @@ mod tests {
         let m = adapted::<AD>(&dev);
         let mut grads = grads_of(&m, [[0.1, 0.2, 0.3], [0.4, 0.5, 0.6]], [0.7, 0.8, 0.9, 1.0]);
         let before = host(grads.get::<Flex, 2>(m.lora_a.id).unwrap());
-        let r = clip_grad_norm::<AD, _>(&m, &mut grads, 10.0);
+        let r = clip_grad_norm::<AD, _>(&m, &mut grads, 10.0).unwrap();
         assert!(!r.clipped);
         assert_eq!(r.coef, 1.0);
         assert_eq!(host(grads.get::<Flex, 2>(m.lora_a.id).unwrap()), before);
@@ -283,7 +288,7 @@ mod tests {
         let dev = Default::default();
         let m = adapted::<AD>(&dev);
         let mut grads = grads_of(&m, [[1.0, f64::NAN, 0.0], [0.0; 3]], [1.0; 4]);
-        let r = clip_grad_norm::<AD, _>(&m, &mut grads, 1.0);
+        let r = clip_grad_norm::<AD, _>(&m, &mut grads, 1.0).unwrap();
         assert!(!r.is_finite());
         assert!(!r.clipped);
         let b = host(grads.get::<Flex, 1>(m.lora_b.id).unwrap());
@@ -291,11 +296,39 @@ mod tests {
     }
 
     #[test]
+    fn an_invalid_max_norm_is_an_error_and_leaves_gradients_alone() {
+        let dev = Default::default();
+        let m = adapted::<AD>(&dev);
+        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+            let mut grads = grads_of(&m, [[1.0, 2.0, -2.0], [0.0, 4.0, 2.0]], [1.0; 4]);
+            let err = clip_grad_norm::<AD, _>(&m, &mut grads, bad).unwrap_err();
+            match err {
+                TrainerError::InvalidClipNorm { key, value } => {
+                    assert_eq!(key, "max_norm");
+                    assert!(value.to_bits() == bad.to_bits(), "{value} vs {bad}");
+                }
+                other => panic!("max_norm = {bad}: {other}"),
+            }
+            let msg = clip_grad_norm::<AD, _>(&m, &mut grads, bad)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                msg.contains(&format!("max_norm = {bad}")) && msg.contains("finite value > 0"),
+                "{msg}"
+            );
+            assert_eq!(
+                host(grads.get::<Flex, 1>(m.lora_b.id).unwrap()),
+                vec![1.0; 4]
+            );
+        }
+    }
+
+    #[test]
     fn no_gradients_is_a_zero_norm() {
         let dev = Default::default();
         let m = adapted::<AD>(&dev);
         let mut grads = GradientsParams::new();
-        let r = clip_grad_norm::<AD, _>(&m, &mut grads, 1.0);
+        let r = clip_grad_norm::<AD, _>(&m, &mut grads, 1.0).unwrap();
         assert_eq!((r.total_norm, r.tensors, r.clipped), (0.0, 0, false));
     }
 
@@ -333,7 +366,7 @@ mod tests {
             let dev = Default::default();
             let m = adapted::<AD>(&dev);
             let mut grads = grads_of(&m, ga, gb);
-            let r = clip_grad_norm::<AD, _>(&m, &mut grads, case.max_norm);
+            let r = clip_grad_norm::<AD, _>(&m, &mut grads, case.max_norm).unwrap();
             let tol = fixture.rtol;
             assert!(
                 (r.total_norm - case.total_norm).abs() <= tol * case.total_norm,
@@ -357,7 +390,7 @@ mod tests {
             let dev64 = Default::default();
             let m64 = adapted::<AD64>(&dev64);
             let mut grads64 = grads_of(&m64, ga, gb);
-            let r64 = clip_grad_norm::<AD64, _>(&m64, &mut grads64, case.max_norm);
+            let r64 = clip_grad_norm::<AD64, _>(&m64, &mut grads64, case.max_norm).unwrap();
             assert!((r64.total_norm - case.total_norm).abs() <= tol * case.total_norm);
             assert_eq!(r64.clipped, r.clipped);
         }

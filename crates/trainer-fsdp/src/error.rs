@@ -742,6 +742,32 @@ pub enum TrainerError {
         /// What would fit.
         expected: String,
     },
+
+    /// A bound of the global gradient-norm clip ([`crate::clip_grad_norm`],
+    /// [`crate::PolicyOptimizer::new`]) that is not a finite value > 0.
+    #[error(
+        "{key} = {value}: expected a finite value > 0 (the bound of the global gradient-norm clip)"
+    )]
+    InvalidClipNorm {
+        /// The argument or config key (`max_norm`, `optimizer.clip_grad`).
+        key: &'static str,
+        /// The value given.
+        value: f64,
+    },
+
+    /// An evaluation's rewards are not one per held-out prompt and seed
+    /// ([`crate::run::eval_statistics`]).
+    #[error(
+        "{rewards} evaluation rewards for {prompts} prompts of {samples_per_prompt} seeds each: expected one per prompt and seed ({prompts} x {samples_per_prompt})"
+    )]
+    EvalRewardCount {
+        /// Rewards given.
+        rewards: usize,
+        /// Prompts (categories) given.
+        prompts: usize,
+        /// Seeds per prompt.
+        samples_per_prompt: usize,
+    },
 }
 
 impl TrainerError {

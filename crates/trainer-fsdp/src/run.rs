@@ -507,7 +507,7 @@ where
             pre.lr,
             cfg.optimizer.clip_grad,
             cfg.model.master_dtype,
-        );
+        )?;
         let mut rng = TrainerRng::seeded(cfg.run.seed);
         let mut next_rollout = 0;
         let mut cursor = None;
@@ -2178,7 +2178,7 @@ where
         })
         .collect();
     let categories: Vec<&str> = held.iter().map(|h| h.category.as_str()).collect();
-    Ok((samples, eval_statistics(&rewards, &categories, k)))
+    Ok((samples, eval_statistics(&rewards, &categories, k)?))
 }
 
 /// Deterministic samples of `x_t`'s rows under `model` (the solver on every step), decoded.
@@ -2264,24 +2264,40 @@ pub struct EvalStatistics {
 /// mean NaN.
 ///
 /// ```
+/// use trainer_fsdp::TrainerError;
 /// use trainer_fsdp::run::eval_statistics;
 /// // two prompts, two seeds each
-/// let s = eval_statistics(&[0.0, 1.0, 1.0, 1.0], &["a", "b"], 2);
+/// let s = eval_statistics(&[0.0, 1.0, 1.0, 1.0], &["a", "b"], 2).unwrap();
 /// assert_eq!(s.mean, 0.75);
 /// assert_eq!(s.by_category["a"], 0.5);
 /// // prompt a's variance over its seeds is 0.5, prompt b's 0: sqrt(0.5 / 2) / 2
 /// assert!((s.stderr - 0.25).abs() < 1e-12);
-/// assert!(eval_statistics(&[0.0, f64::NAN], &["a"], 2).stderr.is_nan());
+/// assert!(eval_statistics(&[0.0, f64::NAN], &["a"], 2).unwrap().stderr.is_nan());
+/// // three rewards are not one per prompt and seed of two prompts of two seeds
+/// let err = eval_statistics(&[0.0, 1.0, 1.0], &["a", "b"], 2).unwrap_err();
+/// assert!(matches!(
+///     err,
+///     TrainerError::EvalRewardCount { rewards: 3, prompts: 2, samples_per_prompt: 2 }
+/// ));
+/// assert!(err.to_string().contains("expected one per prompt and seed (2 x 2)"), "{err}");
+/// // a count that overflows `prompts x k` matches no slice
+/// assert!(eval_statistics(&[], &["a", "b"], usize::MAX).is_err());
 /// ```
 ///
-/// # Panics
-/// When `rewards.len() != categories.len() * k` (a programming error).
-pub fn eval_statistics(rewards: &[f64], categories: &[&str], k: usize) -> EvalStatistics {
-    assert_eq!(
-        rewards.len(),
-        categories.len() * k,
-        "one reward per prompt and seed"
-    );
+/// # Errors
+/// [`TrainerError::EvalRewardCount`] when `rewards.len() != categories.len() * k`.
+pub fn eval_statistics(
+    rewards: &[f64],
+    categories: &[&str],
+    k: usize,
+) -> Result<EvalStatistics, TrainerError> {
+    if categories.len().checked_mul(k) != Some(rewards.len()) {
+        return Err(TrainerError::EvalRewardCount {
+            rewards: rewards.len(),
+            prompts: categories.len(),
+            samples_per_prompt: k,
+        });
+    }
     let n = rewards.len();
     let mean = rewards.iter().sum::<f64>() / n as f64;
     let mut by: BTreeMap<String, (f64, usize)> = BTreeMap::new();
@@ -2307,12 +2323,12 @@ pub fn eval_statistics(rewards: &[f64], categories: &[&str], k: usize) -> EvalSt
     } else {
         f64::NAN
     };
-    EvalStatistics {
+    Ok(EvalStatistics {
         mean,
         stderr,
         by_category: by
             .into_iter()
             .map(|(c, (s, m))| (c, s / m as f64))
             .collect(),
-    }
+    })
 }

@@ -73,10 +73,13 @@ impl std::fmt::Debug for ScorerSet {
 impl ScorerSet {
     /// The set of `scorers` (at least one).
     ///
-    /// # Panics
-    /// When `scorers` is empty (preflight refuses an empty `reward.scorers`).
-    pub fn new(scorers: Vec<SharedScorer>) -> Self {
-        assert!(!scorers.is_empty(), "a scorer set needs a scorer");
+    /// # Errors
+    /// [`TrainerError::NoScorer`] when `scorers` is empty (preflight refuses an empty
+    /// `reward.scorers`).
+    pub fn new(scorers: Vec<SharedScorer>) -> Result<Self, TrainerError> {
+        if scorers.is_empty() {
+            return Err(TrainerError::NoScorer);
+        }
         let mut inputs: Vec<Input> = Vec::new();
         for s in &scorers {
             for i in s.required_inputs() {
@@ -85,13 +88,13 @@ impl ScorerSet {
                 }
             }
         }
-        Self { scorers, inputs }
+        Ok(Self { scorers, inputs })
     }
 
     /// The set of the configured specs.
     ///
     /// # Errors
-    /// As [`build_scorer`].
+    /// [`TrainerError::NoScorer`] for no spec; otherwise as [`build_scorer`].
     pub fn from_specs<Bi: Backend>(
         specs: &[ScorerSpec],
         world: Option<&WorldReward<'_>>,
@@ -103,12 +106,12 @@ impl ScorerSet {
         if specs.is_empty() {
             return Err(TrainerError::NoScorer);
         }
-        Ok(Self::new(
+        Self::new(
             specs
                 .iter()
                 .map(|s| build_scorer::<Bi>(s, world, device))
                 .collect::<Result<_, _>>()?,
-        ))
+        )
     }
 }
 
@@ -195,5 +198,17 @@ mod tests {
         )
         .unwrap_err();
         assert!(err.to_string().contains("closeness"), "{err}");
+    }
+
+    #[test]
+    fn an_empty_set_is_an_error() {
+        let err = ScorerSet::new(Vec::new()).unwrap_err();
+        assert!(matches!(err, TrainerError::NoScorer), "{err}");
+        assert!(err.to_string().contains("reward.scorers is empty"), "{err}");
+        let err = ScorerSet::from_specs::<burn::backend::Flex>(&[], None, &Default::default())
+            .unwrap_err();
+        assert!(matches!(err, TrainerError::NoScorer), "{err}");
+        let one: Vec<SharedScorer> = vec![Box::new(ShapesScorer::default())];
+        assert_eq!(ScorerSet::new(one).unwrap().name(), "shapes");
     }
 }

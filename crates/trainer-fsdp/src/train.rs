@@ -272,12 +272,15 @@ where
 {
     /// AdamW (no built-in clipping: the global clip runs before it) with the schedule, at
     /// step 0.
+    ///
+    /// # Errors
+    /// As [`PolicyOptimizer::new`].
     pub fn adamw(
         settings: &AdamWSettings,
         schedule: LrSchedule,
         clip_grad: f64,
         master: Option<MasterDtype>,
-    ) -> Self {
+    ) -> Result<Self, TrainerError> {
         Self::new(
             OptimizerAdaptor::from(AdamWInParamDtype::new(settings.adamw_config().build())),
             LrScheduler::new(schedule),
@@ -315,19 +318,22 @@ where
 {
     /// Wraps any burn optimizer.
     ///
-    /// # Panics
-    /// When `clip_grad` is not finite and positive (preflight rejects that).
+    /// # Errors
+    /// [`TrainerError::InvalidClipNorm`] when `clip_grad` is not finite and positive
+    /// (preflight rejects that).
     pub fn new(
         optimizer: O,
         scheduler: LrScheduler,
         clip_grad: f64,
         master: Option<MasterDtype>,
-    ) -> Self {
-        assert!(
-            clip_grad.is_finite() && clip_grad > 0.0,
-            "clip_grad = {clip_grad}; expected a finite value > 0"
-        );
-        Self {
+    ) -> Result<Self, TrainerError> {
+        if !(clip_grad.is_finite() && clip_grad > 0.0) {
+            return Err(TrainerError::InvalidClipNorm {
+                key: "optimizer.clip_grad",
+                value: clip_grad,
+            });
+        }
+        Ok(Self {
             optimizer,
             scheduler,
             clip_grad,
@@ -336,7 +342,7 @@ where
             optimizer_steps: 0,
             optimizer_skips: 0,
             _m: PhantomData,
-        }
+        })
     }
 
     /// Restores the counters of a checkpoint's trainer state (the optimizer's own record is
@@ -418,7 +424,7 @@ where
         if let Some(reason) = skip {
             return Ok(self.skip(model, reason, None));
         }
-        let clip = clip_grad_norm::<B, M>(&model, &mut grads, self.clip_grad);
+        let clip = clip_grad_norm::<B, M>(&model, &mut grads, self.clip_grad)?;
         if !clip.is_finite() {
             return Ok(self.skip(model, SkipReason::NonFiniteGradNorm, Some(clip)));
         }
@@ -791,5 +797,53 @@ impl<D> UpdateReport<D> {
             transitions: t.elements,
             seconds: start.elapsed().as_secs_f64(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::backend::{Autodiff, Flex};
+
+    type AD = Autodiff<Flex>;
+    type P = Param<Tensor<AD, 1>>;
+
+    fn adamw(
+        clip_grad: f64,
+    ) -> Result<PolicyOptimizer<AD, P, AdamWOptimizer<AD, P>>, TrainerError> {
+        let settings = AdamWSettings {
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.0,
+        };
+        PolicyOptimizer::adamw(
+            &settings,
+            LrSchedule::constant(1e-3).unwrap(),
+            clip_grad,
+            None,
+        )
+    }
+
+    #[test]
+    fn an_invalid_clip_grad_is_an_error() {
+        for bad in [0.0, -0.5, f64::NAN, f64::INFINITY] {
+            let err = adamw(bad).err().expect("an invalid clip_grad is refused");
+            match &err {
+                TrainerError::InvalidClipNorm { key, value } => {
+                    assert_eq!(*key, "optimizer.clip_grad");
+                    assert!(value.to_bits() == bad.to_bits(), "{value} vs {bad}");
+                }
+                other => panic!("clip_grad = {bad}: {other}"),
+            }
+            let msg = err.to_string();
+            assert!(
+                msg.contains(&format!("optimizer.clip_grad = {bad}"))
+                    && msg.contains("finite value > 0"),
+                "{msg}"
+            );
+        }
+        let opt = adamw(1.0).unwrap();
+        assert_eq!((opt.policy_version(), opt.optimizer_steps()), (0, 0));
     }
 }

@@ -104,7 +104,7 @@ fn optimizer() -> PolicyOptimizer<AD, Dit, trainer_fsdp::AdamWOptimizer<AD, Dit>
         weight_decay: 0.01,
     };
     let schedule = LrSchedule::new(1e-3, 0, LrSchedulerKind::Constant, 1e-3, None).unwrap();
-    PolicyOptimizer::adamw(&settings, schedule, 1.0, Some(MasterDtype::Fp32))
+    PolicyOptimizer::adamw(&settings, schedule, 1.0, Some(MasterDtype::Fp32)).unwrap()
 }
 
 fn load(trainable: &Trainable) -> Dit {

@@ -308,7 +308,7 @@ fn the_global_clip_engages() {
         weight_decay: 0.0,
     };
     let mut opt =
-        PolicyOptimizer::adamw(&settings, LrSchedule::constant(1e-3).unwrap(), 1e-6, None);
+        PolicyOptimizer::adamw(&settings, LrSchedule::constant(1e-3).unwrap(), 1e-6, None).unwrap();
     let (_, report) = train_step(model, &mut opt, &ONE, &plan.updates[0], false, |m, mb| {
         loss(m, &r, &anchor, &adv, mb)
     })
@@ -335,7 +335,8 @@ fn the_master_dtype_is_checked() {
         LrSchedule::constant(1e-3).unwrap(),
         1.0,
         Some(MasterDtype::Fp32),
-    );
+    )
+    .unwrap();
     let plan = plan_updates(2, 1, 1).unwrap();
     let err = train_step(
         model,

@@ -509,7 +509,9 @@ impl Trajectory {
     /// The sampler's log-prob of candidate `slot` at trained step `trained`.
     ///
     /// # Errors
-    /// [`TrajectoryError::OutOfRange`].
+    /// [`TrajectoryError::OutOfRange`] for an unknown slot or trained step, or when
+    /// `tracks.log_probs` holds no entry there (a record built by hand that
+    /// [`Trajectory::validate`] would refuse).
     pub fn rollout_log_prob(&self, slot: usize, trained: usize) -> Result<f32, TrajectoryError> {
         let (g, s) = (self.num_candidates(), self.num_trained_steps());
         if slot >= g {
@@ -526,7 +528,16 @@ impl Trajectory {
                 len: s,
             });
         }
-        Ok(self.tracks.log_probs[slot * s + trained])
+        let i = slot * s + trained;
+        self.tracks
+            .log_probs
+            .get(i)
+            .copied()
+            .ok_or(TrajectoryError::OutOfRange {
+                what: "tracks.log_probs entry",
+                index: i,
+                len: self.tracks.log_probs.len(),
+            })
     }
 
     /// Candidate `slot`'s latent at schedule index `step` (which must be one of
@@ -615,5 +626,72 @@ impl Trajectory {
             prev_sample: gather(k + 1)?,
             rollout_log_prob: Tensor::from_data(TensorData::new(lp, [slots.len()]), device),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A hand-built record of two candidates and one trained step whose `tracks.log_probs`
+    /// holds `log_probs` (two entries make it valid).
+    fn hand_built(log_probs: Vec<f32>) -> Trajectory {
+        let d = Digest::sha256(b"");
+        let storage = StorageDtype::F32;
+        let candidate = |slot: u64| Candidate {
+            sample_id: format!("prompt:0:sample:{slot}"),
+            sample_index: slot,
+            policy_version: 0,
+            seed_hash: slot,
+        };
+        Trajectory {
+            common: Common {
+                task: "t2i".into(),
+                rollout_id: 0,
+                group_index: 0,
+                height: 8,
+                width: 8,
+                sigmas: vec![1.0, 0.0],
+                sde_indices: vec![0],
+                storage,
+                sampling_fingerprint: d.clone(),
+                weight_manifest_hash: d,
+                candidates: vec![candidate(0), candidate(1)],
+            },
+            conditions: Conditions {
+                text_embeddings: StoredTensor::from_f32("text", &[0.0], vec![1, 1], storage)
+                    .unwrap(),
+                text_mask: vec![true],
+                extra: BTreeMap::new(),
+            },
+            tracks: Tracks {
+                latents: StoredTensor::from_f32("latents", &[0.0; 4], vec![2, 2, 1], storage)
+                    .unwrap(),
+                log_probs,
+                endpoint: None,
+            },
+        }
+    }
+
+    #[test]
+    fn rollout_log_prob_of_a_short_hand_built_record_is_out_of_range() {
+        let valid = hand_built(vec![-1.5, -2.5]);
+        valid.validate().unwrap();
+        assert_eq!(valid.rollout_log_prob(1, 0).unwrap(), -2.5);
+
+        let short = hand_built(vec![-1.5]);
+        assert!(short.validate().is_err());
+        assert_eq!(short.rollout_log_prob(0, 0).unwrap(), -1.5);
+        match short.rollout_log_prob(1, 0) {
+            Err(TrajectoryError::OutOfRange { what, index, len }) => {
+                assert_eq!((what, index, len), ("tracks.log_probs entry", 1, 1));
+            }
+            other => panic!("expected OutOfRange, got {other:?}"),
+        }
+        let err = short.rollout_log_prob(1, 0).unwrap_err().to_string();
+        assert!(
+            err.contains("tracks.log_probs entry 1 is out of range"),
+            "{err}"
+        );
     }
 }

@@ -95,6 +95,10 @@ fn overlaps(a: (f64, f64, f64), b: (f64, f64, f64), gap: f64) -> bool {
 /// assert_eq!(a, render(&spec, 1, &RenderOptions::default()));
 /// assert_ne!(a.image, render(&spec, 2, &RenderOptions::default()).image);
 /// ```
+///
+/// # Panics
+/// When `options.size < 16`, or unless `0 < options.min_object <= options.max_object <= 0.45`
+/// (a NaN fails that too). [`RenderOptions::default`] satisfies both.
 pub fn render(spec: &SceneSpec, seed: u64, options: &RenderOptions) -> RenderedScene {
     assert!(
         options.size >= 16,

@@ -245,6 +245,7 @@ pub fn optimizer() -> Opt {
         1.0,
         Some(trainer_fsdp::MasterDtype::Fp32),
     )
+    .unwrap()
 }
 
 pub fn plan() -> UpdatePlan {
