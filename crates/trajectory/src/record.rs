@@ -544,7 +544,9 @@ impl Trajectory {
     /// [`Common::latent_steps`]), widened exactly to `f32`.
     ///
     /// # Errors
-    /// [`TrajectoryError::OutOfRange`] for an unknown slot or a step whose latent is not stored.
+    /// [`TrajectoryError::OutOfRange`] for an unknown slot, a step whose latent is not stored,
+    /// or a hand-built record whose `tracks.latents` holds fewer values than its steps and
+    /// candidates need.
     pub fn latent(&self, slot: usize, step: usize) -> Result<Vec<f32>, TrajectoryError> {
         let steps = self.common.latent_steps();
         let g = self.num_candidates();
@@ -564,10 +566,17 @@ impl Trajectory {
                 len: steps.len(),
             })?;
         let per: usize = self.tracks.latent_shape().iter().product();
-        Ok(self
-            .tracks
-            .latents
-            .range_f32((slot * steps.len() + j) * per, per))
+        let start = (slot * steps.len() + j) * per;
+        // a hand-built record (public fields) may hold fewer latents than its steps say
+        let stored = self.tracks.latents.num_elements();
+        if start + per > stored {
+            return Err(TrajectoryError::OutOfRange {
+                what: "tracks.latents element",
+                index: start + per - 1,
+                len: stored,
+            });
+        }
+        Ok(self.tracks.latents.range_f32(start, per))
     }
 
     /// The inputs of a replay of trained step `trained` for candidates `slots`, as tensors on
@@ -693,5 +702,23 @@ mod tests {
             err.contains("tracks.log_probs entry 1 is out of range"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn latent_of_a_hand_built_record_with_too_few_latents_is_out_of_range() {
+        let valid = hand_built(vec![-1.5, -2.5]);
+        assert_eq!(valid.latent(1, 1).unwrap(), vec![0.0]);
+        // two candidates, but latents for one
+        let mut short = hand_built(vec![-1.5, -2.5]);
+        short.tracks.latents =
+            StoredTensor::from_f32("latents", &[0.5, 0.25], vec![1, 2, 1], StorageDtype::F32)
+                .unwrap();
+        assert_eq!(short.latent(0, 1).unwrap(), vec![0.25]);
+        match short.latent(1, 0) {
+            Err(TrajectoryError::OutOfRange { what, index, len }) => {
+                assert_eq!((what, index, len), ("tracks.latents element", 2, 2));
+            }
+            other => panic!("expected OutOfRange, got {other:?}"),
+        }
     }
 }
