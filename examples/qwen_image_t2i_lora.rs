@@ -115,7 +115,7 @@ struct Args {
     #[arg(long, default_value_t = 1, requires = "orchestrator")]
     nodes: usize,
     /// This machine's index among --nodes (0 writes the run's files).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, requires = "orchestrator")]
     node_rank: usize,
     /// burn's collective orchestrator every machine reaches (`ws://HOST:PORT`).
     #[arg(long, value_name = "ws://HOST:PORT")]
@@ -125,23 +125,26 @@ struct Args {
     #[arg(long, value_name = "ws://HOST:PORT", requires = "orchestrator")]
     node_address: Option<String>,
     /// Also serve the orchestrator from this process, on this port (one machine does).
-    #[arg(long, value_name = "PORT")]
+    #[arg(long, value_name = "PORT", requires = "orchestrator")]
     serve_orchestrator: Option<u16>,
     /// Run the job once per seed (`run.seed` = first seed, first seed + 1, ...) and write the
-    /// table of held-out rewards and gains with their mean, min and max.
+    /// table of held-out rewards and gains with their mean, min and max (on one machine; the
+    /// seeds own `run.seed`, `checkpoint.dir` and `artifacts.root`, so `--set` may not set them).
     #[arg(long, value_name = "N")]
     seeds: Option<u64>,
     /// The first seed of --seeds.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, requires = "seeds")]
     first_seed: u64,
-    /// Where --seeds writes its Markdown table (default: `<run dir>/seeds.md`).
-    #[arg(long)]
+    /// Where --seeds writes its Markdown table (default: `<run dir>/seeds.md`; an existing
+    /// table is replaced only with --overwrite).
+    #[arg(long, requires = "seeds")]
     seeds_table: Option<PathBuf>,
 }
 
 fn main() -> Result<()> {
     keep_freed_pages();
     let args = Args::parse();
+    check_seeds_flags(&args)?;
     let mut overrides = Vec::new();
     if let Some(dir) = &args.run_dir {
         overrides.extend(run_dir_overrides(dir)?);
@@ -271,12 +274,24 @@ fn main() -> Result<()> {
             if cfg.checkpoint.resume {
                 bail!("--seeds starts every seed's run from scratch; it cannot --resume");
             }
+            if cfg.eval.interval == 0 {
+                bail!("--seeds tables held-out evaluations: eval.interval = 0 evaluates nothing");
+            }
             let table_path = args
                 .seeds_table
                 .clone()
                 .unwrap_or_else(|| run_dir.join("seeds.md"));
+            if table_path.exists() && !args.overwrite {
+                bail!(
+                    "--seeds would replace the table {} (another sweep's?): choose another \
+                     --seeds-table or --run-dir, or pass --overwrite",
+                    table_path.display()
+                );
+            }
             let mut outcomes = Vec::new();
-            for seed in args.first_seed..args.first_seed + n {
+            // the last seed fits: check_seeds_flags
+            let last = args.first_seed + (n - 1);
+            for seed in args.first_seed..=last {
                 let dir = run_dir.join(format!("seed_{seed}"));
                 let mut o = run_dir_overrides(&dir)?;
                 o.push(Override::parse(&format!("run.seed={seed}"))?);
@@ -288,7 +303,14 @@ fn main() -> Result<()> {
                         .inspect_err(|e| report_failure(e, &cfg))?;
                 report(&summary, &dir);
                 if summary.stopped {
-                    bail!("stopped during seed {seed}; the table is not written");
+                    bail!(
+                        "stopped during seed {seed}; the table holds the seeds finished before it{}",
+                        if outcomes.is_empty() {
+                            String::from(" (none)")
+                        } else {
+                            format!(" ({})", table_path.display())
+                        }
+                    );
                 }
                 let (Some(base), Some(last)) = (summary.initial_eval, summary.final_eval) else {
                     bail!("--seeds needs evaluations (eval.interval > 0)");
@@ -322,7 +344,46 @@ fn main() -> Result<()> {
     }
 }
 
-/// `checkpoint.dir` and `artifacts.root` under a run directory (explicit --set keys still win).
+/// `--seeds`' flags, before anything runs: at least one seed, a last seed that fits a u64, one
+/// machine (the table needs the evaluations, which rank 0 alone runs), and no `--set` of a key
+/// the seeds set themselves (it would be replaced without a word).
+fn check_seeds_flags(args: &Args) -> Result<()> {
+    let Some(n) = args.seeds else {
+        return Ok(());
+    };
+    if n == 0 {
+        bail!("--seeds 0: expected at least 1 seed");
+    }
+    if args.first_seed.checked_add(n - 1).is_none() {
+        bail!(
+            "--first-seed {} with --seeds {n}: the last seed does not fit a 64-bit seed",
+            args.first_seed
+        );
+    }
+    if args.orchestrator.is_some() {
+        bail!(
+            "--seeds runs on one machine (its table needs the evaluations rank 0 runs); drop --orchestrator"
+        );
+    }
+    for raw in &args.overrides {
+        let o = Override::parse(raw)?;
+        let key = o.path.join(".");
+        let owned = ["run.seed", "checkpoint.dir", "artifacts.root"];
+        if owned
+            .iter()
+            .any(|k| key == *k || k.starts_with(&format!("{key}.")))
+        {
+            bail!(
+                "--set {raw}: --seeds sets {key} for every seed (run.seed from --first-seed, the \
+                 directories under --run-dir)"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// `checkpoint.dir` and `artifacts.root` under a run directory (explicit --set keys still win,
+/// except under --seeds, which refuses them).
 fn run_dir_overrides(dir: &Path) -> Result<Vec<Override>> {
     let dir = dir.display();
     Ok(vec![
