@@ -19,7 +19,9 @@
 //!
 //! Every export is reloaded and its forward compared with the checkpoint's before it is put in
 //! place (`--no-verify` skips that); an existing non-empty output directory is refused unless
-//! `--overwrite`.
+//! `--overwrite`. An output directory that is, holds or lies inside the run (its directory, its
+//! checkpoints, its artifacts) or anything the export reads (the base model, reward models,
+//! prompt files) is refused before anything is written, `--overwrite` or not.
 
 use std::path::PathBuf;
 
@@ -40,7 +42,8 @@ struct Args {
     #[arg(long)]
     form: String,
     /// The output directory (created; refused if it exists and is not empty, unless
-    /// --overwrite).
+    /// --overwrite). It must lie apart from the run, its checkpoints and the base model: one
+    /// that is, holds or lies inside any of them is refused.
     #[arg(long)]
     out: PathBuf,
     /// The committed iteration to export (default: the newest).

@@ -768,6 +768,27 @@ pub enum TrainerError {
         /// Seeds per prompt.
         samples_per_prompt: usize,
     },
+
+    /// An export's output directory is, holds or lies inside the run it exports from, its
+    /// checkpoints, or a model or file the export reads ([`crate::export::export`]): writing or
+    /// replacing it (`--overwrite` deletes what it held) would destroy them. Refused before
+    /// anything is written.
+    #[error(
+        "export to {out}: the output directory {relation} {what}, {input}; an export must lie apart from \
+         the run it exports and everything it reads (with --overwrite the output directory is replaced \
+         whole, deleting what it held): choose another --out"
+    )]
+    ExportOverlap {
+        /// The output directory, as given.
+        out: PathBuf,
+        /// The path it overlaps, as given or configured.
+        input: PathBuf,
+        /// What that path is (e.g. "the run directory exported", "the base model directory
+        /// (model.generator.shapes_world.dir)").
+        what: String,
+        /// How the output relates to it: `is`, `holds` or `lies inside`.
+        relation: &'static str,
+    },
 }
 
 impl TrainerError {

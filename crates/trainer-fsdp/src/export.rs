@@ -23,9 +23,20 @@
 //! The output is written into a fresh sibling directory (`<out>.partial-<pid>`) and renamed
 //! into place only once complete (and verified): an interrupted export leaves no half-written
 //! `out`, and an export never mixes with files of an earlier one (a stale shard index, say).
-//! An existing non-empty `out` is refused unless `overwrite`, which replaces it whole.
+//! An existing non-empty `out` is refused unless `overwrite`, which replaces it whole (the
+//! earlier export is moved aside, the new one renamed into place, and only then is the earlier
+//! one deleted).
+//!
+//! Once the run's config is read, before any checkpoint or model is and before anything is
+//! written, an `out` that is, holds or lies inside the source directory named, the run
+//! directory, the run's checkpoint directory or artifacts, the base model directory, or any
+//! other model or file the export reads (reward models, `lora.init_from`, prompt files, a
+//! scheduler file, the config itself) is refused ([`TrainerError::ExportOverlap`]): replacing
+//! it would delete what the export reads, and writing into it would mix the export with the
+//! run. Paths are compared resolved (symlinks followed, `..` folded; a not yet existing `out`
+//! through its nearest existing ancestor).
 
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 
 use burn::tensor::Tensor;
 use burn::tensor::backend::AutodiffBackend;
@@ -35,7 +46,9 @@ use dit_models::{
 };
 
 use crate::checkpoint::{COMMITTED_FILE, CheckpointStore, CommittedCheckpoint};
-use crate::config::{RESOLVED_CONFIG_FILE, TrainConfig};
+use crate::config::{
+    GeneratorSource, RESOLVED_CONFIG_FILE, SchedulerSource, ScorerSpec, TrainConfig,
+};
 use crate::dispatch::{WorldJob, with_world};
 use crate::error::{TrainerError, io_err};
 use crate::world::World;
@@ -242,6 +255,140 @@ fn locate(path: &Path, config: Option<&Path>) -> Result<Source, TrainerError> {
     Ok(Source { config, iteration })
 }
 
+/// Everything an export of `path` (located as `source`, its config `cfg`) reads or that
+/// belongs to the run, each with what it is: its output must lie apart from all of them.
+fn guarded_paths(path: &Path, source: &Source, cfg: &TrainConfig) -> Vec<(PathBuf, String)> {
+    let mut guarded = vec![(
+        path.to_path_buf(),
+        if source.iteration.is_some() {
+            "the checkpoint exported".to_string()
+        } else {
+            "the run directory exported".to_string()
+        },
+    )];
+    // a run's own config sits in its run directory: that directory is the run's
+    if source.config.file_name() == Some(RESOLVED_CONFIG_FILE.as_ref()) {
+        let run_dir = match source.config.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        guarded.push((
+            run_dir,
+            format!("the run directory (holding its {RESOLVED_CONFIG_FILE})"),
+        ));
+    } else {
+        guarded.push((source.config.clone(), "the run's config".into()));
+    }
+    guarded.push((
+        cfg.checkpoint.dir.clone(),
+        "the run's checkpoint directory (checkpoint.dir)".into(),
+    ));
+    guarded.push((
+        cfg.artifacts.root.clone(),
+        "the run's artifacts (artifacts.root)".into(),
+    ));
+    guarded.push(match &cfg.model.generator {
+        GeneratorSource::ShapesWorld { dir } => (
+            dir.clone(),
+            "the base model directory (model.generator.shapes_world.dir)".into(),
+        ),
+        GeneratorSource::QwenImage { model_path, .. } => (
+            model_path.clone(),
+            "the base model directory (model.generator.qwen_image.model_path)".into(),
+        ),
+    });
+    for scorer in &cfg.reward.scorers {
+        if let ScorerSpec::Pickscore { model_path } = scorer {
+            guarded.push((
+                model_path.clone(),
+                "a reward model directory (reward.scorers)".into(),
+            ));
+        }
+    }
+    if let Some(from) = cfg.lora.as_ref().and_then(|l| l.init_from.as_ref()) {
+        guarded.push((
+            from.clone(),
+            "the adapter the run started from (lora.init_from)".into(),
+        ));
+    }
+    if let SchedulerSource::File(file) = &cfg.sampling.scheduler {
+        guarded.push((
+            file.clone(),
+            "the scheduler config (sampling.scheduler)".into(),
+        ));
+    }
+    for (file, key) in [
+        (&cfg.data.train, "data.train"),
+        (&cfg.data.eval, "data.eval"),
+    ] {
+        if let Some(file) = file {
+            guarded.push((file.clone(), format!("a prompt file ({key})")));
+        }
+    }
+    guarded
+}
+
+/// `path` absolute, with every symlink of its existing part resolved and `.` and `..` folded:
+/// each component is resolved through the file system while it exists and appended as it is
+/// once it does not (a `..` then takes back the last one, as the file system will).
+fn resolved(path: &Path) -> PathBuf {
+    let absolute = if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        match std::env::current_dir() {
+            Ok(cwd) => cwd.join(path),
+            Err(_) => path.to_path_buf(),
+        }
+    };
+    let mut out = PathBuf::new();
+    for c in absolute.components() {
+        match c {
+            Component::Prefix(_) | Component::RootDir => out.push(c),
+            Component::CurDir => {}
+            Component::ParentDir => {
+                // `out` holds no symlink (each existing step was canonicalized), so its
+                // parent is the directory's real parent
+                out.pop();
+            }
+            Component::Normal(name) => {
+                out.push(name);
+                if let Ok(real) = out.canonicalize() {
+                    out = real;
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Refuses an `out` that is, holds or lies inside any of `guarded` (compared [`resolved`]).
+///
+/// # Errors
+/// [`TrainerError::ExportOverlap`] naming the first such path, what it is and how `out`
+/// relates to it.
+fn check_out_apart(out: &Path, guarded: &[(PathBuf, String)]) -> Result<(), TrainerError> {
+    let o = resolved(out);
+    for (input, what) in guarded {
+        let i = resolved(input);
+        let relation = if o == i {
+            "is"
+        } else if i.starts_with(&o) {
+            "holds"
+        } else if o.starts_with(&i) {
+            "lies inside"
+        } else {
+            continue;
+        };
+        return Err(TrainerError::ExportOverlap {
+            out: out.to_path_buf(),
+            input: input.clone(),
+            what: what.clone(),
+            relation,
+        });
+    }
+    Ok(())
+}
+
 /// Exports the policy of a committed checkpoint; see the module docs.
 ///
 /// `path` is a run directory or a committed `iter_<N>` directory; `iteration` picks another
@@ -250,8 +397,10 @@ fn locate(path: &Path, config: Option<&Path>) -> Result<Source, TrainerError> {
 ///
 /// # Errors
 /// [`TrainerError::ExportSource`] (no run config, no committed checkpoint, an iteration that
-/// is not committed), [`TrainerError::ExportRequest`], [`TrainerError::ExportTarget`] (an
-/// existing non-empty `out` without `overwrite`), [`TrainerError::ExportUnsupported`] (a
+/// is not committed), [`TrainerError::ExportRequest`], [`TrainerError::ExportOverlap`] (an
+/// `out` that is, holds or lies inside the run, its checkpoints or anything the export reads;
+/// nothing is written), [`TrainerError::ExportTarget`] (an existing non-empty `out` without
+/// `overwrite`), [`TrainerError::ExportUnsupported`] (a
 /// world or trainable mode without that form), [`TrainerError::ExportVerify`], and the
 /// checkpoint, model and IO errors underneath.
 pub fn export<B: AutodiffBackend>(
@@ -270,6 +419,9 @@ pub fn export<B: AutodiffBackend>(
     // (`model.param_dtype`): an adapter's files do not depend on it, and a merged export then
     // merges into the checkpoint's f32 base, not a rounded one.
     cfg.model.param_dtype = None;
+    // before anything is written: `overwrite` replaces `out` whole, and writing into the run
+    // or what the export reads would not leave it read-only
+    check_out_apart(out, &guarded_paths(path, &source, &cfg))?;
     let store = CheckpointStore::new(&cfg.checkpoint.dir, &cfg.run.task, None)?;
     let committed = store.committed()?;
     let wanted = match (source.iteration, iteration) {
@@ -365,7 +517,9 @@ fn staging_dir(out: &Path) -> Result<PathBuf, TrainerError> {
 }
 
 /// Moves the complete export into place, replacing what was there; `true` when something was
-/// replaced.
+/// replaced. The earlier export is moved aside (`<out>.replaced-<pid>`), the new one renamed
+/// into place, and only then is the earlier one deleted; should the new one fail to move into
+/// place, the earlier one is moved back.
 fn publish(staging: &Path, out: &Path) -> Result<bool, TrainerError> {
     let replaced = out.exists();
     let mut old = out.as_os_str().to_owned();
@@ -374,7 +528,13 @@ fn publish(staging: &Path, out: &Path) -> Result<bool, TrainerError> {
     if replaced {
         std::fs::rename(out, &old).map_err(io_err(out, "move the earlier export aside"))?;
     }
-    std::fs::rename(staging, out).map_err(io_err(out, "publish the export"))?;
+    if let Err(e) = std::fs::rename(staging, out) {
+        if replaced {
+            // best effort: the earlier export back where it was
+            let _ = std::fs::rename(&old, out);
+        }
+        return Err(io_err(out, "publish the export")(e));
+    }
     if let Some(parent) = out.parent() {
         let parent = if parent.as_os_str().is_empty() {
             Path::new(".")
@@ -606,7 +766,12 @@ fn reloaded_is_close(want: &[f32], got: &[f32], relative: f64) -> (f64, f64, boo
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
+    use burn::backend::{Autodiff, Flex};
+
     use super::*;
+    use crate::config::{Override, RecipeName};
 
     #[test]
     fn a_reload_is_close_only_where_both_sides_are_finite() {
@@ -620,5 +785,300 @@ mod tests {
         assert!(!reloaded_is_close(&[f32::INFINITY, 1.0], &[0.0, 1.0], 1e-6).2);
         assert!(!reloaded_is_close(&[1.0], &[f32::NAN], 1e-6).2);
         assert!(!reloaded_is_close(&[1.0], &[1.0, 2.0], 1e-6).2);
+    }
+
+    /// Every file under `root` with its bytes, and every directory (`None`).
+    fn snapshot(root: &Path) -> BTreeMap<PathBuf, Option<Vec<u8>>> {
+        fn walk(dir: &Path, out: &mut BTreeMap<PathBuf, Option<Vec<u8>>>) {
+            for e in std::fs::read_dir(dir).unwrap() {
+                let p = e.unwrap().path();
+                if p.is_dir() && !p.is_symlink() {
+                    out.insert(p.clone(), None);
+                    walk(&p, out);
+                } else {
+                    out.insert(p.clone(), std::fs::read(&p).ok());
+                }
+            }
+        }
+        let mut out = BTreeMap::new();
+        walk(root, &mut out);
+        out
+    }
+
+    /// A shapes-world LoRA run laid out under `root` without training it: its run directory
+    /// `root/run` (holding its `config.resolved.toml` and a log), its checkpoints under
+    /// `root/ckpt` (one committed-looking `iter_0000000`), its artifacts under
+    /// `root/artifacts`, its base model `root/generator` (a transformer config). Returns the
+    /// run directory and the checkpoint's directory.
+    fn laid_out_run(root: &Path) -> (PathBuf, PathBuf) {
+        let dir = |name: &str| root.join(name).display().to_string();
+        let overrides = Override::parse_all(&[
+            format!("model.generator.shapes_world.dir={}", dir("generator")),
+            format!("checkpoint.dir={}", dir("ckpt")),
+            format!("artifacts.root={}", dir("artifacts")),
+        ])
+        .unwrap();
+        let cfg = TrainConfig::from_recipe(RecipeName::ShapesWorldLora, &overrides).unwrap();
+        let run_dir = root.join("run");
+        std::fs::create_dir_all(&run_dir).unwrap();
+        cfg.save_resolved(&run_dir).unwrap();
+        std::fs::write(run_dir.join("metrics.jsonl"), b"{}\n").unwrap();
+        let iter = root.join("ckpt").join(&cfg.run.task).join("iter_0000000");
+        std::fs::create_dir_all(&iter).unwrap();
+        std::fs::write(iter.join(COMMITTED_FILE), b"{}").unwrap();
+        std::fs::write(iter.join("model.mpk"), b"weights").unwrap();
+        std::fs::create_dir_all(root.join("artifacts/rollout_0")).unwrap();
+        std::fs::create_dir_all(root.join("generator/transformer")).unwrap();
+        std::fs::write(root.join("generator/transformer/config.json"), b"{}").unwrap();
+        (run_dir, iter)
+    }
+
+    fn exp(
+        source: &Path,
+        config: Option<&Path>,
+        iteration: Option<u64>,
+        out: &Path,
+    ) -> Result<ExportReport, TrainerError> {
+        export::<Autodiff<Flex>>(
+            source,
+            iteration,
+            config,
+            out,
+            &ExportRequest::new(ExportForm::Peft),
+            true,
+            &Default::default(),
+        )
+    }
+
+    /// The overlap `export` refused `out` for: (what, relation).
+    fn overlap(r: Result<ExportReport, TrainerError>) -> (String, &'static str) {
+        match r {
+            Err(TrainerError::ExportOverlap {
+                what,
+                relation,
+                out,
+                input,
+            }) => {
+                let msg = TrainerError::ExportOverlap {
+                    out: out.clone(),
+                    input: input.clone(),
+                    what: what.clone(),
+                    relation,
+                }
+                .to_string();
+                assert!(
+                    msg.contains(&out.display().to_string())
+                        && msg.contains(&input.display().to_string()),
+                    "{msg}"
+                );
+                (what, relation)
+            }
+            Err(e) => panic!("expected an overlap refusal, got: {e}"),
+            Ok(r) => panic!(
+                "expected an overlap refusal, exported to {}",
+                r.out.display()
+            ),
+        }
+    }
+
+    #[test]
+    fn an_out_overlapping_the_run_or_what_it_reads_is_refused_before_anything_is_written() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path();
+        let (run_dir, iter) = laid_out_run(root);
+        let config = run_dir.join(RESOLVED_CONFIG_FILE);
+        let before = snapshot(root);
+        let run = "the run directory exported";
+
+        // the audit's cases: the run itself, its parent, a directory inside it
+        assert_eq!(
+            overlap(exp(&run_dir, None, None, &run_dir)),
+            (run.into(), "is")
+        );
+        assert_eq!(
+            overlap(exp(&run_dir, None, None, root)),
+            (run.into(), "holds")
+        );
+        assert_eq!(
+            overlap(exp(&run_dir, None, None, &run_dir.join("exports/peft"))),
+            (run.into(), "lies inside")
+        );
+        // the same directory spelled through `..` (of a directory that does not exist), and
+        // through a symlink
+        assert_eq!(
+            overlap(exp(&run_dir, None, None, &root.join("exports/../run"))),
+            (run.into(), "is")
+        );
+        #[cfg(unix)]
+        {
+            std::os::unix::fs::symlink(&run_dir, root.join("link")).unwrap();
+            assert_eq!(
+                overlap(exp(&run_dir, None, None, &root.join("link"))),
+                (run.into(), "is")
+            );
+            assert_eq!(
+                overlap(exp(&run_dir, None, None, &root.join("link/x/../y"))),
+                (run.into(), "lies inside")
+            );
+            std::fs::remove_file(root.join("link")).unwrap();
+        }
+
+        // the base model directory, and its transformer inside it
+        let base = "the base model directory (model.generator.shapes_world.dir)";
+        assert_eq!(
+            overlap(exp(&run_dir, None, None, &root.join("generator"))),
+            (base.into(), "is")
+        );
+        assert_eq!(
+            overlap(exp(
+                &run_dir,
+                None,
+                None,
+                &root.join("generator/transformer")
+            )),
+            (base.into(), "lies inside")
+        );
+
+        // checkpoints and artifacts kept outside the run directory
+        let ckpt = "the run's checkpoint directory (checkpoint.dir)";
+        assert_eq!(
+            overlap(exp(&run_dir, None, None, &root.join("ckpt"))),
+            (ckpt.into(), "is")
+        );
+        assert_eq!(
+            overlap(exp(&run_dir, None, None, &root.join("ckpt/t2i/exports"))),
+            (ckpt.into(), "lies inside")
+        );
+        assert_eq!(
+            overlap(exp(&run_dir, None, None, &root.join("artifacts"))),
+            ("the run's artifacts (artifacts.root)".into(), "is")
+        );
+
+        // a checkpoint named directly (its config named): the checkpoint, and its run
+        let one = "the checkpoint exported";
+        assert_eq!(
+            overlap(exp(&iter, Some(&config), None, &iter)),
+            (one.into(), "is")
+        );
+        assert_eq!(
+            overlap(exp(&iter, Some(&config), None, &root.join("ckpt/t2i"))),
+            (one.into(), "holds")
+        );
+        assert_eq!(
+            overlap(exp(&iter, Some(&config), None, &run_dir.join("peft"))),
+            (
+                "the run directory (holding its config.resolved.toml)".into(),
+                "lies inside"
+            )
+        );
+
+        // nothing was written or removed by any refusal
+        assert_eq!(before, snapshot(root));
+
+        // an `out` beside the run is not refused for overlap: this export goes on to look
+        // for its checkpoint (before anything is written)
+        let err = exp(&run_dir, None, Some(5), &root.join("exports/peft")).unwrap_err();
+        assert!(matches!(err, TrainerError::ExportSource { .. }), "{err}");
+        assert_eq!(before, snapshot(root));
+    }
+
+    #[test]
+    fn every_model_and_file_the_export_reads_is_guarded() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path();
+        let (run_dir, _) = laid_out_run(root);
+        let source = locate(&run_dir, None).unwrap();
+        let mut cfg = TrainConfig::from_file(&source.config, &[]).unwrap();
+        cfg.reward.scorers.push(ScorerSpec::Pickscore {
+            model_path: root.join("models/pickscore"),
+        });
+        cfg.lora.as_mut().unwrap().init_from = Some(root.join("adapters/start"));
+        cfg.data.train = Some(root.join("prompts/train.jsonl"));
+        cfg.sampling.scheduler = SchedulerSource::File(root.join("sched/scheduler_config.json"));
+        let guarded = guarded_paths(&run_dir, &source, &cfg);
+        let refused = |out: &str| match check_out_apart(&root.join(out), &guarded) {
+            Err(TrainerError::ExportOverlap { what, relation, .. }) => (what, relation),
+            other => panic!("{out}: {other:?}"),
+        };
+        assert_eq!(
+            refused("models"),
+            ("a reward model directory (reward.scorers)".into(), "holds")
+        );
+        assert_eq!(
+            refused("adapters/start"),
+            (
+                "the adapter the run started from (lora.init_from)".into(),
+                "is"
+            )
+        );
+        assert_eq!(
+            refused("prompts"),
+            ("a prompt file (data.train)".into(), "holds")
+        );
+        assert_eq!(
+            refused("sched"),
+            ("the scheduler config (sampling.scheduler)".into(), "holds")
+        );
+        // beside all of them
+        for out in ["exports/peft", "models2", "adapters/other", "run2"] {
+            check_out_apart(&root.join(out), &guarded).unwrap();
+        }
+    }
+
+    #[test]
+    fn resolved_paths_follow_what_exists_and_fold_the_rest() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().canonicalize().unwrap();
+        std::fs::create_dir_all(root.join("a/b")).unwrap();
+        assert_eq!(resolved(&root.join("a/./b")), root.join("a/b"));
+        assert_eq!(resolved(&root.join("a/nope/../b")), root.join("a/b"));
+        assert_eq!(
+            resolved(&root.join("a/nope/x/../../b/c")),
+            root.join("a/b/c")
+        );
+        assert_eq!(resolved(&root.join("a/b/../..")), root);
+        #[cfg(unix)]
+        {
+            std::os::unix::fs::symlink(root.join("a/b"), root.join("l")).unwrap();
+            // `..` of a symlink is the parent of what it points to, as the file system has it
+            assert_eq!(resolved(&root.join("l/..")), root.join("a"));
+            assert_eq!(resolved(&root.join("l/new/x")), root.join("a/b/new/x"));
+        }
+        // a relative path resolves against the working directory
+        let cwd = std::env::current_dir().unwrap().canonicalize().unwrap();
+        assert_eq!(resolved(Path::new("no-such-dir/../x")), cwd.join("x"));
+    }
+
+    #[test]
+    fn publishing_replaces_the_earlier_export_only_once_the_new_one_is_in_place() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path();
+        let out = root.join("out");
+        std::fs::create_dir(&out).unwrap();
+        std::fs::write(out.join("old.json"), b"old").unwrap();
+
+        // a staging directory that cannot be moved into place: the earlier export is put back
+        let err = publish(&root.join("missing.partial"), &out).unwrap_err();
+        assert!(matches!(err, TrainerError::Io { .. }), "{err}");
+        assert_eq!(std::fs::read(out.join("old.json")).unwrap(), b"old");
+        let names = |d: &Path| {
+            let mut v: Vec<String> = std::fs::read_dir(d)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            v.sort();
+            v
+        };
+        assert_eq!(names(root), ["out"]);
+
+        let staging = staging_dir(&out).unwrap();
+        std::fs::write(staging.join("new.json"), b"new").unwrap();
+        assert!(publish(&staging, &out).unwrap());
+        assert_eq!(names(&out), ["new.json"]);
+        assert_eq!(
+            names(root),
+            ["out"],
+            "no staging or replaced directory left"
+        );
     }
 }
