@@ -8,7 +8,7 @@
 //! relation changed) the way web captions disagree with their images — so RL has headroom.
 //!
 //! ```sh
-//! cargo run --release --example pretrain_shapes        # writes fixtures/shapes_world/
+//! cargo run --release --example pretrain_shapes -- --overwrite   # rewrites fixtures/shapes_world/
 //! # a generator's held-out reward, as the trainer's evaluation with run.seed = 0 measures it
 //! cargo run --release --example pretrain_shapes -- --init-from fixtures/shapes_world --steps 0 \
 //!     --eval-samples 48 --eval-seed 0 --out runs/measured
@@ -18,13 +18,15 @@
 //!     --out runs/supervised_s0
 //! ```
 //!
-//! The defaults reproduce the committed weights (about 40 minutes on 2 CPU cores).
+//! The defaults reproduce the committed weights (about 40 minutes on 2 CPU cores). A directory
+//! that already holds files (`--out`, or a snapshot's `step_<N>/`) is replaced only with
+//! `--overwrite`, and never the one `--init-from` loads; all of it is checked before training.
 
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{Context, Result};
@@ -69,15 +71,16 @@ struct Args {
     /// equals a run of N steps) or `cosine` (down to `--min-lr` at the last step).
     #[arg(long, value_enum, default_value_t = LrShape::Constant)]
     lr_schedule: LrShape,
-    /// The learning rate the cosine schedule ends at.
-    #[arg(long, default_value_t = 0.0)]
-    min_lr: f64,
+    /// The learning rate the cosine schedule ends at (default 0; only with `--lr-schedule
+    /// cosine`, which needs `--steps` past `--warmup`).
+    #[arg(long)]
+    min_lr: Option<f64>,
     /// Start from a generator written by this example (`--out` of an earlier run) instead of
     /// a random initialisation. The optimizer state starts afresh (the warmup applies again);
     /// pass another `--seed` to draw scenes and noise the earlier run did not see.
     #[arg(long)]
     init_from: Option<PathBuf>,
-    /// Share of training captions corrupted (one attribute changed).
+    /// Share of training captions corrupted (one attribute changed), within [0, 1].
     #[arg(long, default_value_t = 0.25)]
     caption_noise: f64,
     /// Evaluate every this many steps (0: only at the end).
@@ -92,10 +95,17 @@ struct Args {
     /// here is measured on the same pictures as the RL runs' `held-out eval start`.
     #[arg(long)]
     eval_seed: Option<u64>,
-    /// Where to write the generator.
+    /// Where to write the generator. The default is the committed base every other example
+    /// uses: a directory that already holds files is replaced only with `--overwrite`, and
+    /// never the `--init-from` directory.
     #[arg(long, default_value = "fixtures/shapes_world")]
     out: PathBuf,
-    /// Also save the generator at every evaluation under this directory (`step_<N>/`).
+    /// Replace the generator in an `--out` (or a snapshot's `step_<N>/`) that already holds
+    /// files.
+    #[arg(long)]
+    overwrite: bool,
+    /// Also save the generator at every evaluation before the last step under this directory
+    /// (`step_<N>/`); needs `--eval-every` between 1 and `--steps` - 1.
     #[arg(long)]
     snapshots: Option<PathBuf>,
     /// Seed of the data, the noise and the initialisation.
@@ -123,9 +133,147 @@ fn learning_rate(args: &Args, step: usize) -> f64 {
         LrShape::Cosine => {
             let span = args.steps.saturating_sub(args.warmup).max(1) as f64;
             let t = ((step + 1).saturating_sub(args.warmup) as f64 / span).min(1.0);
-            args.min_lr + 0.5 * (args.lr - args.min_lr) * (1.0 + (std::f64::consts::PI * t).cos())
+            let min_lr = args.min_lr.unwrap_or(0.0);
+            min_lr + 0.5 * (args.lr - min_lr) * (1.0 + (std::f64::consts::PI * t).cos())
         }
     }
+}
+
+/// Refuses flags that would fail later, or be accepted and then have no effect.
+fn check_args(args: &Args) -> Result<()> {
+    anyhow::ensure!(
+        args.lr.is_finite() && args.lr > 0.0,
+        "--lr {}: expected a finite learning rate > 0",
+        args.lr
+    );
+    if let Some(min_lr) = args.min_lr {
+        anyhow::ensure!(
+            args.lr_schedule == LrShape::Cosine,
+            "--min-lr {min_lr} has no effect with --lr-schedule constant (the rate stays at \
+             --lr after the warmup); expected --lr-schedule cosine, or no --min-lr"
+        );
+        anyhow::ensure!(
+            min_lr.is_finite() && min_lr >= 0.0 && min_lr <= args.lr,
+            "--min-lr {min_lr}: expected a finite learning rate within [0, --lr {}]",
+            args.lr
+        );
+    }
+    anyhow::ensure!(
+        args.lr_schedule == LrShape::Constant || args.steps > args.warmup,
+        "--lr-schedule cosine decays after the warmup, but --warmup {} leaves none of the \
+         --steps {}; expected --steps greater than --warmup",
+        args.warmup,
+        args.steps
+    );
+    anyhow::ensure!(
+        args.batch > 0,
+        "--batch 0 would train on nothing; expected at least 1 scene per step"
+    );
+    anyhow::ensure!(
+        (0.0..=1.0).contains(&args.caption_noise),
+        "--caption-noise {}: expected a share of the captions within [0, 1]",
+        args.caption_noise
+    );
+    anyhow::ensure!(
+        args.eval_samples > 0,
+        "--eval-samples 0 would measure nothing; expected at least 1 seed per held-out prompt"
+    );
+    if let Some(dir) = &args.snapshots {
+        anyhow::ensure!(
+            args.eval_every > 0 && args.eval_every < args.steps,
+            "--snapshots {} saves at the evaluations before the last step, and --eval-every {} \
+             with --steps {} has none; expected --eval-every between 1 and {}",
+            dir.display(),
+            args.eval_every,
+            args.steps,
+            args.steps.saturating_sub(1)
+        );
+    }
+    Ok(())
+}
+
+/// Refuses, before any training, a directory the run would write that holds files already
+/// (without `--overwrite`), is not a directory, is the `--init-from` directory, or is written
+/// twice (`--out` one of the snapshots).
+fn check_destinations(args: &Args) -> Result<()> {
+    // (what names it, the flag that chooses it, the directory)
+    let mut dests: Vec<(String, &str, PathBuf)> = Vec::new();
+    if let (Some(dir), true) = (&args.snapshots, args.eval_every > 0) {
+        for n in (args.eval_every..args.steps).step_by(args.eval_every) {
+            let what = format!("--snapshots {}'s step_{n}/", dir.display());
+            dests.push((what, "--snapshots", dir.join(format!("step_{n}"))));
+        }
+    }
+    let out_what = format!("--out {}", args.out.display());
+    dests.push((out_what.clone(), "--out", args.out.clone()));
+    let init = match &args.init_from {
+        Some(dir) => Some((dir, resolve(dir)?)),
+        None => None,
+    };
+    let out = resolve(&args.out)?;
+    for (what, flag, path) in &dests {
+        let resolved = resolve(path)?;
+        if let Some((init_dir, init_resolved)) = &init {
+            anyhow::ensure!(
+                &resolved != init_resolved,
+                "{what} is the directory --init-from {} loads the generator from, which this run \
+                 would replace (refused even with --overwrite); expected another {flag}",
+                init_dir.display()
+            );
+        }
+        if *flag != "--out" {
+            anyhow::ensure!(
+                resolved != out,
+                "{out_what} is {what}, whose snapshot the generator at the end would replace; \
+                 expected --out outside the snapshots' step_<N>/ directories"
+            );
+        }
+        match std::fs::metadata(path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e).with_context(|| format!("{what}: reading {}", path.display())),
+            Ok(meta) => {
+                anyhow::ensure!(
+                    meta.is_dir(),
+                    "{what} exists and is not a directory; expected a directory to write the \
+                     generator into"
+                );
+                let occupied = std::fs::read_dir(path)
+                    .with_context(|| format!("{what}: listing {}", path.display()))?
+                    .next()
+                    .is_some();
+                anyhow::ensure!(
+                    !occupied || args.overwrite,
+                    "{what} already holds files, which this run would replace; pass --overwrite \
+                     to replace them, or another {flag}"
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `path` absolute, with symbolic links resolved as far as it exists and `.` / `..` applied to
+/// the rest, so that two spellings of one directory compare equal whether or not it exists.
+fn resolve(path: &Path) -> Result<PathBuf> {
+    let abs =
+        std::path::absolute(path).with_context(|| format!("making {} absolute", path.display()))?;
+    let parts: Vec<Component> = abs.components().collect();
+    for split in (1..=parts.len()).rev() {
+        let Ok(mut resolved) = parts[..split].iter().collect::<PathBuf>().canonicalize() else {
+            continue;
+        };
+        for part in &parts[split..] {
+            match part {
+                Component::ParentDir => {
+                    resolved.pop();
+                }
+                Component::CurDir => {}
+                other => resolved.push(other),
+            }
+        }
+        return Ok(resolved);
+    }
+    Ok(abs)
 }
 
 /// A training caption: the scene's prompt, or with probability `p` a corrupted one (a
@@ -140,16 +288,8 @@ fn caption(spec: &SceneSpec, category: Category, rng: &mut SplitMix64, p: f64) -
 
 fn main() -> Result<()> {
     let args = Args::parse();
-    anyhow::ensure!(
-        args.lr > 0.0 && args.min_lr >= 0.0 && args.min_lr <= args.lr,
-        "--lr must be positive and --min-lr within [0, --lr]; got --lr {} --min-lr {}",
-        args.lr,
-        args.min_lr
-    );
-    anyhow::ensure!(
-        args.eval_samples > 0,
-        "--eval-samples 0 would measure nothing; expected at least 1 seed per held-out prompt"
-    );
+    check_args(&args)?;
+    check_destinations(&args)?;
     let dev = Default::default();
     B::seed(&dev, args.seed);
     let held_out: Vec<String> = eval_prompts();
