@@ -12,7 +12,7 @@ use std::path::Path;
 use burn::config::Config;
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::backend::Backend;
-use burn::tensor::{Distribution, Tensor};
+use burn::tensor::{Distribution, Tensor, TensorData};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -25,6 +25,9 @@ use crate::model::{LayerMut, LayerRef, QwenImageTransformer2DModel, checkpoint_n
 use crate::weights::{
     Checkpoint, WeightDtype, device_tensor, safetensors_bytes, set_param, write_json,
 };
+
+/// The domain of [`QwenImageTransformer2DModel::attach_lora_keyed`]'s draws.
+const LORA_A_DOMAIN: u64 = keyed_rng::fnv1a64(b"flowrl/dit-models/lora-a/v1");
 
 /// The default LoRA targets: the eight attention projections of each block, image stream
 /// (`attn.to_q/to_k/to_v/to_out.0`) and text stream
@@ -262,9 +265,46 @@ impl<B: Backend> QwenImageTransformer2DModel<B> {
     /// adapted model starts equal to the base. Every base parameter is frozen (no gradient);
     /// only `lora_a` / `lora_b` require gradients.
     ///
+    /// `A` is drawn from the backend's random stream (`Backend::seed`), which every thread of
+    /// the process shares: a draw of another thread between a seed and this call changes it.
+    /// [`QwenImageTransformer2DModel::attach_lora_keyed`] draws it from a key instead.
+    ///
     /// Errors: an invalid configuration (dropout != 0 included), targets that match no layer,
     /// or an adapter already attached.
-    pub fn attach_lora(mut self, config: &LoraConfig) -> Result<Self, DitError> {
+    pub fn attach_lora(self, config: &LoraConfig) -> Result<Self, DitError> {
+        self.attach_lora_with(config, |_, shape, k, device| {
+            Tensor::<B, 2>::random(shape, Distribution::Uniform(-k, k), device)
+        })
+    }
+
+    /// [`QwenImageTransformer2DModel::attach_lora`] with each `A` a pure function of `seed`
+    /// and the layer's diffusers module name: uniform in `±1/sqrt(d_in)` from
+    /// [`keyed_rng::PcgStream`] keyed by `(seed, fnv1a64(name))`, row-major `[d_in, rank]`,
+    /// computed on the host. The same on every backend, device, thread and rank, whatever else
+    /// draws random numbers meanwhile; a layer's `A` does not depend on which other layers are
+    /// adapted.
+    ///
+    /// Errors: as [`QwenImageTransformer2DModel::attach_lora`].
+    pub fn attach_lora_keyed(self, config: &LoraConfig, seed: u64) -> Result<Self, DitError> {
+        self.attach_lora_with(config, |name, [d_in, rank], k, device| {
+            let mut g = keyed_rng::PcgStream::keyed(
+                LORA_A_DOMAIN,
+                &[seed, keyed_rng::fnv1a64(name.as_bytes())],
+            );
+            let values: Vec<f32> = (0..d_in * rank)
+                .map(|_| ((2.0 * g.unit_f64() - 1.0) * k) as f32)
+                .collect();
+            Tensor::<B, 2>::from_data(TensorData::new(values, [d_in, rank]), device)
+        })
+    }
+
+    /// The adapter attachment, `A` of each adapted layer from `draw_a(module name, [d_in,
+    /// rank], bound, device)`.
+    fn attach_lora_with(
+        mut self,
+        config: &LoraConfig,
+        mut draw_a: impl FnMut(&str, [usize; 2], f64, &B::Device) -> Tensor<B, 2>,
+    ) -> Result<Self, DitError> {
         config.validate()?;
         if self.lora_config.is_some() {
             return Err(DitError::AdapterAlreadyAttached);
@@ -288,14 +328,11 @@ impl<B: Backend> QwenImageTransformer2DModel<B> {
                     if let Some(b) = l.bias.as_mut() {
                         freeze(b);
                     }
-                    if config.matches(&checkpoint_name(&path)) {
+                    let name = checkpoint_name(&path);
+                    if config.matches(&name) {
                         let (d_in, d_out) = l.dims();
                         let k = 1.0 / (d_in as f64).sqrt();
-                        let a = Tensor::<B, 2>::random(
-                            [d_in, config.rank],
-                            Distribution::Uniform(-k, k),
-                            &device,
-                        );
+                        let a = draw_a(&name, [d_in, config.rank], k, &device);
                         let b = Tensor::<B, 2>::zeros([config.rank, d_out], &device);
                         l.lora = Some(LoraAdapter {
                             lora_a: Param::from_tensor(a),

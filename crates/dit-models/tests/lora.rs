@@ -536,3 +536,49 @@ fn merged_export_can_be_sharded_bf16() {
     let err = max_abs_diff(loaded.forward(input::<B>(&c, &dev)), (&shape, &data));
     assert!(err < 5e-2, "bf16 merged export drifts by {err}");
 }
+
+/// A keyed adapter's `A` is a pure function of the seed and the layer's name: the same
+/// whatever the backend's random stream holds, another for another seed, inside PEFT's bound,
+/// and a layer's own whichever other layers are adapted.
+#[test]
+fn a_keyed_adapter_depends_on_its_seed_and_layer_alone() {
+    let a_of = |model: &dit_models::QwenImageTransformer2DModel<B>, block: usize| {
+        let l = model.transformer_blocks[block]
+            .attn
+            .to_q
+            .lora
+            .as_ref()
+            .unwrap();
+        l.lora_a.val().into_data().to_vec::<f32>().unwrap()
+    };
+    let dev = burn::tensor::Device::<B>::default();
+    let cfg = LoraConfig::new(4, 8.0);
+    B::seed(&dev, 1);
+    let one = base::<B>().attach_lora_keyed(&cfg, 7).unwrap();
+    // other draws from the shared stream in between change nothing
+    B::seed(&dev, 2);
+    let _ = burn::tensor::Tensor::<B, 1>::random([100], burn::tensor::Distribution::Default, &dev);
+    let two = base::<B>().attach_lora_keyed(&cfg, 7).unwrap();
+    assert_eq!(a_of(&one, 0), a_of(&two, 0));
+    assert_eq!(a_of(&one, 1), a_of(&two, 1));
+    // another seed, another adapter; another layer, other values
+    let other = base::<B>().attach_lora_keyed(&cfg, 8).unwrap();
+    assert_ne!(a_of(&one, 0), a_of(&other, 0));
+    assert_ne!(a_of(&one, 0), a_of(&one, 1));
+    // PEFT's Kaiming-uniform bound 1/sqrt(d_in), and not all near zero
+    let q = &one.transformer_blocks[0].attn.to_q;
+    let d_in = q.weight.val().dims()[0];
+    let bound = 1.0 / (d_in as f32).sqrt();
+    let a = a_of(&one, 0);
+    assert_eq!(a.len(), d_in * 4);
+    assert!(a.iter().all(|v| v.abs() <= bound), "{a:?}");
+    assert!(a.iter().any(|v| v.abs() > bound / 2.0), "{a:?}");
+    // a layer's A does not depend on which other layers carry an adapter
+    let only_q = base::<B>()
+        .attach_lora_keyed(
+            &cfg.clone().with_target_modules(vec!["attn.to_q".into()]),
+            7,
+        )
+        .unwrap();
+    assert_eq!(a_of(&only_q, 1), a_of(&one, 1));
+}

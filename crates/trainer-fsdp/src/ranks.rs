@@ -209,9 +209,10 @@ where
 }
 
 /// Runs `f` while no other rank of this process runs a `one_at_a_time` closure: building a
-/// rank's run draws from the backend's random stream (a LoRA adapter's initialisation after
-/// `Backend::seed`), which the ranks of one process share, so two ranks building at once would
-/// interleave their draws and start from different weights.
+/// rank's run may draw from the backend's random stream, which the ranks of one process share
+/// (a world's modules initialised before their weights are loaded; a policy of the user's own
+/// whose adapter draws there), so two ranks building at once could interleave their draws.
+/// The transformer policy's fresh adapter is keyed and does not depend on it.
 pub fn one_at_a_time<T>(f: impl FnOnce() -> T) -> T {
     static BUILDING: Mutex<()> = Mutex::new(());
     let _guard = BUILDING.lock().unwrap_or_else(|p| p.into_inner());

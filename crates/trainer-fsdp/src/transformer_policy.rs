@@ -20,8 +20,9 @@ use crate::world::LoadedPolicy;
 
 /// Loads a Qwen-Image transformer directory as the policy `trainable` asks for: the base
 /// weights (their hash is the trajectories' weight hash), then a fresh LoRA adapter (its `A`
-/// drawn from burn's generator, seeded with `seed` first), an imported one, or none (full
-/// fine-tuning).
+/// a pure function of `seed` and the layer's name,
+/// [`dit_models::QwenImageTransformer2DModel::attach_lora_keyed`]), an imported one, or none
+/// (full fine-tuning).
 ///
 /// # Errors
 /// Loading and adapter errors; [`TrainerError::InitAdapterChanged`] when the imported adapter
@@ -69,8 +70,10 @@ pub fn load_transformer_policy_in<B: AutodiffBackend>(
     let mut contract = None;
     match trainable {
         Trainable::Lora(lora) => {
+            // the adapter is keyed; the backend's stream is seeded still, for any draw of
+            // the run's own that might come after
             B::seed(device, seed);
-            dit = dit.attach_lora(lora)?;
+            dit = dit.attach_lora_keyed(lora, seed)?;
             contract = Some(dit.adapter_contract()?);
         }
         Trainable::LoraFrom(init) => {

@@ -97,8 +97,8 @@ pub trait World<B: AutodiffBackend>: Sync {
     fn held_out(&self) -> &[HeldOutPrompt];
 
     /// Loads the policy to train: the base weights, then the adapter of `trainable`
-    /// (initialised from burn's generator, which the world seeds with `seed` first so that a
-    /// run is reproducible).
+    /// (a fresh one initialised as a pure function of `seed`, so that a run is reproducible
+    /// whatever else draws random numbers meanwhile).
     ///
     /// # Errors
     /// Missing or mismatched weights, adapter problems.
