@@ -184,9 +184,9 @@ impl TrainConfig {
     ///
     /// Those settings were tuned against the judge's earlier, averaged score, which RL
     /// satisfied by painting the canvas in blobs (`docs/SEEDS.md`). Under the judge as it is
-    /// now, which multiplies what was asked by `Exclusive`, the recipe gains +0.007 over five
-    /// seeds (-0.013 to +0.043): the held-out reward does not move; the recipe is not yet
-    /// tuned to a real gain.
+    /// now, which multiplies what was asked by `Exclusive`, the recipe gains +0.008 over five
+    /// seeds (-0.006 to +0.025; `docs/SEEDS.md`): the held-out reward does not move; the
+    /// recipe is not yet tuned to a real gain.
     pub fn shapes_world_lora() -> Self {
         let mut c = Self::qwen_image_t2i_lora();
         let run_dir = PathBuf::from("runs").join("shapes-world-lora");
