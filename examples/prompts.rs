@@ -12,7 +12,9 @@
 //! ```
 //!
 //! Every step is deterministic: dedup by a content hash, the split by a hash of each sample id,
-//! so a rerun writes the identical files.
+//! so a rerun writes the identical files. `convert` and `curate` refuse to replace a file that
+//! exists unless given `--overwrite` (every output checked before any is written), and refuse
+//! an output that is their input even then.
 
 use std::path::PathBuf;
 
@@ -37,7 +39,7 @@ enum Command {
         #[arg(long)]
         input: PathBuf,
         /// The JSONL field or parquet column holding the prompt (default: the first of prompt,
-        /// caption, text).
+        /// caption, text); refused for a .txt input, which has no fields.
         #[arg(long)]
         field: Option<String>,
         /// The task of every record (t2i, i2i, t2v, i2v).
@@ -46,9 +48,12 @@ enum Command {
         /// Sample ids are `<prefix><line number>`.
         #[arg(long, default_value = "")]
         id_prefix: String,
-        /// The JSONL to write.
+        /// The JSONL to write (not the input).
         #[arg(long)]
         output: PathBuf,
+        /// Replace --output if it exists.
+        #[arg(long)]
+        overwrite: bool,
     },
     /// Dedup, filter and split a schema JSONL into `<prefix>train.jsonl`, `<prefix>eval.jsonl`
     /// and `<prefix>eval<k>.jsonl`.
@@ -77,6 +82,9 @@ enum Command {
         /// Keep records whose media files are missing.
         #[arg(long)]
         no_check_media: bool,
+        /// Replace output files that exist (never the input).
+        #[arg(long)]
+        overwrite: bool,
     },
     /// Check a train file and eval files: keys, task, placeholders against media, leakage.
     Inspect {
@@ -100,9 +108,10 @@ fn main() -> Result<()> {
             task,
             id_prefix,
             output,
+            overwrite,
         } => {
             let format = SourceFormat::from_path(&input, field)?;
-            let r = convert(&input, &format, &task, &id_prefix, &output)?;
+            let r = convert(&input, &format, &task, &id_prefix, &output, overwrite)?;
             println!(
                 "wrote {} records to {} ({} blank lines skipped)",
                 r.written,
@@ -119,6 +128,7 @@ fn main() -> Result<()> {
             eval_subset_sizes,
             eval_fraction,
             no_check_media,
+            overwrite,
         } => {
             let split = match eval_size {
                 Some(size) => Split::EvalSize {
@@ -135,6 +145,7 @@ fn main() -> Result<()> {
                     check_media: !no_check_media,
                     split,
                     prefix,
+                    overwrite,
                 },
             )?;
             println!(

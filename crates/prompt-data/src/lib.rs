@@ -24,14 +24,16 @@
 //!   every problem reported with its file and line.
 //!
 //! Files are written durably (temp file, fsync, rename): an interrupted run leaves no torn
-//! output.
+//! output. [`convert`] and [`curate`] check every file they will write first
+//! ([`check_outputs`]): one that exists is replaced only when asked (`overwrite`), and one
+//! that is the input they read is refused.
 
 #![deny(missing_docs)]
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::io::{BufRead, BufReader, Write};
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -179,6 +181,24 @@ pub enum DataError {
         /// What is wrong.
         problem: String,
     },
+    /// Outputs that exist, and replacing them was not asked for (`overwrite`); every one
+    /// listed.
+    #[error("{} output file(s) already exist: {}; nothing was written (pass --overwrite to replace them)", paths.len(), paths.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "))]
+    OutputExists {
+        /// Each existing output.
+        paths: Vec<PathBuf>,
+    },
+    /// An output (or its `<output>.tmp` staging file) that is the input it reads; refused even
+    /// with `overwrite`.
+    #[error(
+        "output {output} is the input {input}: an output must not replace what it reads; nothing was written (name another output)"
+    )]
+    OutputIsInput {
+        /// The output (or its staging file).
+        output: PathBuf,
+        /// The input.
+        input: PathBuf,
+    },
     /// A source format this build cannot read.
     #[error("{path}: {format} input is not supported: {hint}")]
     Unsupported {
@@ -203,7 +223,8 @@ fn read_lines(path: &Path) -> Result<Vec<String>, DataError> {
         .map_err(io)
 }
 
-/// Writes records as JSONL, durably.
+/// Writes records as JSONL, durably; an existing file at `path` is replaced (the guarded
+/// writers, [`convert`] and [`curate`], call [`check_outputs`] first).
 ///
 /// # Errors
 /// [`DataError::Write`].
@@ -233,6 +254,76 @@ pub fn read_jsonl(path: &Path) -> Result<NumberedRecords, DataError> {
     } else {
         Err(DataError::BadLines { problems })
     }
+}
+
+/// `path` absolute with symlinks resolved, for comparing files: its canonical form, or, for a
+/// path that does not exist (yet), that of its longest existing ancestor with the rest of the
+/// path appended lexically (`..` pops: a component that does not exist is no symlink, and a
+/// writer creates it as a directory).
+fn resolved(path: &Path) -> Result<PathBuf, DataError> {
+    if let Ok(p) = path.canonicalize() {
+        return Ok(p);
+    }
+    let absolute = std::path::absolute(path).map_err(|source| DataError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let parts: Vec<Component> = absolute.components().collect();
+    for k in (1..parts.len()).rev() {
+        let head: PathBuf = parts[..k].iter().collect();
+        if let Ok(mut p) = head.canonicalize() {
+            for c in &parts[k..] {
+                match c {
+                    Component::ParentDir => {
+                        p.pop();
+                    }
+                    Component::Normal(n) => p.push(n),
+                    _ => {}
+                }
+            }
+            return Ok(p);
+        }
+    }
+    Ok(absolute)
+}
+
+/// Checks the files a writer is about to write, all before any is written: an output that
+/// is one of the `inputs` (the same file after resolving symlinks, `.` and `..`), or whose
+/// `<output>.tmp` staging file is one, is refused even with `overwrite`; outputs that exist
+/// (a dangling symlink counts) are refused, every one named, unless `overwrite`.
+///
+/// # Errors
+/// [`DataError::OutputIsInput`], [`DataError::OutputExists`], [`DataError::Io`] when a path
+/// cannot be made absolute.
+pub fn check_outputs(
+    inputs: &[&Path],
+    outputs: &[PathBuf],
+    overwrite: bool,
+) -> Result<(), DataError> {
+    let inputs: Vec<(&Path, PathBuf)> = inputs
+        .iter()
+        .map(|i| resolved(i).map(|r| (*i, r)))
+        .collect::<Result<_, _>>()?;
+    for output in outputs {
+        for written in [output.clone(), durable::tmp_path(output)] {
+            let w = resolved(&written)?;
+            if let Some((input, _)) = inputs.iter().find(|(_, r)| *r == w) {
+                return Err(DataError::OutputIsInput {
+                    output: written,
+                    input: input.to_path_buf(),
+                });
+            }
+        }
+    }
+    let existing: Vec<PathBuf> = outputs
+        .iter()
+        .filter(|o| std::fs::symlink_metadata(o).is_ok())
+        .cloned()
+        .collect();
+    if !overwrite && !existing.is_empty() {
+        return Err(DataError::OutputExists { paths: existing });
+    }
+    Ok(())
 }
 
 /// Records with their 1-based line numbers.
@@ -303,14 +394,27 @@ pub enum SourceFormat {
 }
 
 impl SourceFormat {
-    /// The format of `path` by its extension (`.jsonl` / `.json` JSON lines, `.txt` text).
+    /// The format of `path` by its extension (`.jsonl` / `.json` JSON lines, `.txt` text,
+    /// `.parquet`); `field` names the JSONL field or parquet column of the prompt.
     ///
     /// # Errors
-    /// [`DataError::Unsupported`] for parquet and unknown extensions.
+    /// [`DataError::Unsupported`] for unknown extensions; [`DataError::Option`] for a `field`
+    /// with a `.txt` input, which has no fields.
     pub fn from_path(path: &Path, field: Option<String>) -> Result<Self, DataError> {
         match path.extension().and_then(|e| e.to_str()) {
             Some("jsonl") | Some("json") => Ok(SourceFormat::Jsonl { field }),
-            Some("txt") => Ok(SourceFormat::Text),
+            Some("txt") => match field {
+                None => Ok(SourceFormat::Text),
+                Some(f) => Err(DataError::Option {
+                    option: "field",
+                    given: format!("{f:?}"),
+                    expected: format!(
+                        "no field for {}: a .txt input is one prompt per line and has no \
+                         fields (a field names a .jsonl key or a .parquet column)",
+                        path.display()
+                    ),
+                }),
+            },
             Some("parquet") => Ok(SourceFormat::Parquet { column: field }),
             other => Err(DataError::Unsupported {
                 path: path.to_path_buf(),
@@ -334,16 +438,19 @@ pub struct ConvertReport {
 /// Converts a prompt source into the unified schema at `output`: every prompt (trimmed) with
 /// `task` and the sample id `<id_prefix><line or row number, 7 digits>`. Lines (rows) whose
 /// prompt is missing, null, not a string or empty are errors, all reported; nothing is
-/// written then.
+/// written then. An existing `output` is replaced only with `overwrite`, and never when it
+/// is `input` ([`check_outputs`], before the input is read).
 ///
 /// # Errors
-/// [`DataError::Option`] for an unknown task, [`DataError::BadLines`], IO errors.
+/// [`DataError::Option`] for an unknown task, [`DataError::OutputIsInput`],
+/// [`DataError::OutputExists`], [`DataError::BadLines`], IO errors.
 pub fn convert(
     input: &Path,
     format: &SourceFormat,
     task: &str,
     id_prefix: &str,
     output: &Path,
+    overwrite: bool,
 ) -> Result<ConvertReport, DataError> {
     if !TASKS.contains(&task) {
         return Err(DataError::Option {
@@ -352,6 +459,7 @@ pub fn convert(
             expected: format!("one of {TASKS:?}"),
         });
     }
+    check_outputs(&[input], &[output.to_path_buf()], overwrite)?;
     let mut records = Vec::new();
     let mut problems = Vec::new();
     let mut blank = 0;
@@ -512,6 +620,8 @@ pub struct CurateOptions {
     /// Output file prefix (`<prefix>train.jsonl`, `<prefix>eval.jsonl`,
     /// `<prefix>eval<k>.jsonl`).
     pub prefix: String,
+    /// Replace output files that exist (never the input).
+    pub overwrite: bool,
 }
 
 /// What [`curate`] did.
@@ -536,16 +646,29 @@ pub struct CurateReport {
 /// Curates a unified-schema JSONL into train / eval files under `out_dir`: dedup (the first
 /// record of each content hash kept), filters, then the split; each output keeps the input
 /// order. A sample id that appears twice in the input is an error (the split is keyed by it).
+/// Every output file is checked before the input is read ([`check_outputs`]): none may be the
+/// input, and existing ones are replaced only with `overwrite`.
 ///
 /// # Errors
-/// [`DataError::BadLines`] (unparseable lines, repeated sample ids), [`DataError::Option`]
-/// (an eval size larger than what remains, a subset larger than the eval set, a fraction
-/// outside `[0, 1]`), IO errors.
+/// [`DataError::OutputIsInput`], [`DataError::OutputExists`], [`DataError::BadLines`]
+/// (unparseable lines, repeated sample ids), [`DataError::Option`] (an eval size larger than
+/// what remains, a subset larger than the eval set, a fraction outside `[0, 1]`), IO errors.
 pub fn curate(
     input: &Path,
     out_dir: &Path,
     options: &CurateOptions,
 ) -> Result<CurateReport, DataError> {
+    let p = &options.prefix;
+    let subset_sizes: &[usize] = match &options.split {
+        Split::EvalSize { subsets, .. } => subsets,
+        Split::EvalFraction(_) => &[],
+    };
+    let outputs: Vec<PathBuf> = [format!("{p}train.jsonl"), format!("{p}eval.jsonl")]
+        .into_iter()
+        .chain(subset_sizes.iter().map(|k| format!("{p}eval{k}.jsonl")))
+        .map(|name| out_dir.join(name))
+        .collect();
+    check_outputs(&[input], &outputs, options.overwrite)?;
     let records = read_jsonl(input)?;
     let mut seen_ids: HashMap<&str, usize> = HashMap::new();
     let mut repeated = Vec::new();
@@ -639,19 +762,18 @@ pub fn curate(
         path: out_dir.to_path_buf(),
         source,
     })?;
+    // the files in `outputs`' order: train, eval, then one per subset
     let mut files = Vec::new();
-    let mut write = |name: String, records: &[PromptRecord]| -> Result<(), DataError> {
-        let path = out_dir.join(name);
-        write_jsonl(&path, records)?;
-        files.push(path);
+    let mut write = |path: &PathBuf, records: &[PromptRecord]| -> Result<(), DataError> {
+        write_jsonl(path, records)?;
+        files.push(path.clone());
         Ok(())
     };
-    let p = &options.prefix;
-    write(format!("{p}train.jsonl"), &train)?;
-    write(format!("{p}eval.jsonl"), &eval)?;
-    for k in subsets {
+    write(&outputs[0], &train)?;
+    write(&outputs[1], &eval)?;
+    for (k, path) in subsets.into_iter().zip(&outputs[2..]) {
         let sub = pick(&mut eval_order[..k].iter().copied());
-        write(format!("{p}eval{k}.jsonl"), &sub)?;
+        write(path, &sub)?;
     }
     Ok(CurateReport {
         read: records.len(),

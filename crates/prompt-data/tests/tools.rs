@@ -31,7 +31,7 @@ fn convert_text_and_jsonl_into_the_schema() {
         "a red panda in a teacup\n\n  two blue squares  \n",
     );
     let out = dir.path().join("t.jsonl");
-    let r = convert(&txt, &SourceFormat::Text, "t2i", "demo_", &out).unwrap();
+    let r = convert(&txt, &SourceFormat::Text, "t2i", "demo_", &out, false).unwrap();
     assert_eq!((r.written, r.blank), (2, 1));
     let text = std::fs::read_to_string(&out).unwrap();
     assert_eq!(
@@ -45,19 +45,19 @@ fn convert_text_and_jsonl_into_the_schema() {
         "ids are input line numbers"
     );
 
-    // JSONL: the first of prompt / caption / text, or the field named
+    // JSONL: the first of prompt / caption / text, or the field named (replacing `out`)
     let jl = write(
         dir.path(),
         "p.jsonl",
         "{\"caption\": \"a cat\"}\n{\"prompt\": \"a dog\", \"caption\": \"x\"}\n",
     );
     let fmt = SourceFormat::from_path(&jl, None).unwrap();
-    convert(&jl, &fmt, "t2i", "", &out).unwrap();
+    convert(&jl, &fmt, "t2i", "", &out, true).unwrap();
     assert_eq!(prompts(&out), ["a cat", "a dog"]);
     let fmt = SourceFormat::Jsonl {
         field: Some("caption".into()),
     };
-    convert(&jl, &fmt, "t2i", "", &out).unwrap();
+    convert(&jl, &fmt, "t2i", "", &out, true).unwrap();
     assert_eq!(prompts(&out), ["a cat", "x"]);
 }
 
@@ -70,7 +70,15 @@ fn bad_rows_are_reported_by_line_and_nothing_is_written() {
         "{\"prompt\": \"ok\"}\nnot json\n{\"prompt\": 3}\n{\"other\": \"x\"}\n{\"prompt\": \"  \"}\n",
     );
     let out = dir.path().join("out.jsonl");
-    let err = convert(&jl, &SourceFormat::Jsonl { field: None }, "t2i", "", &out).unwrap_err();
+    let err = convert(
+        &jl,
+        &SourceFormat::Jsonl { field: None },
+        "t2i",
+        "",
+        &out,
+        false,
+    )
+    .unwrap_err();
     let DataError::BadLines { problems } = &err else {
         panic!("{err}")
     };
@@ -89,7 +97,7 @@ fn bad_rows_are_reported_by_line_and_nothing_is_written() {
     );
     assert!(!out.exists(), "a failed conversion writes nothing");
 
-    let err = convert(&jl, &SourceFormat::Text, "txt2img", "", &out).unwrap_err();
+    let err = convert(&jl, &SourceFormat::Text, "txt2img", "", &out, false).unwrap_err();
     assert!(err.to_string().contains("task = txt2img"), "{err}");
     let err = SourceFormat::from_path(Path::new("x.csv"), None).unwrap_err();
     assert!(
@@ -146,6 +154,7 @@ fn options(split: Split) -> CurateOptions {
         check_media: true,
         split,
         prefix: "demo_".into(),
+        overwrite: false,
     }
 }
 
@@ -379,7 +388,7 @@ fn parquet_columns_convert_with_bad_rows_named() {
     let src = parquet_fixture("prompts.parquet");
     let fmt = SourceFormat::from_path(&src, None).unwrap();
     assert_eq!(fmt, SourceFormat::Parquet { column: None });
-    let err = convert(&src, &fmt, "t2i", "pq_", &out).unwrap_err();
+    let err = convert(&src, &fmt, "t2i", "pq_", &out, false).unwrap_err();
     let DataError::BadLines { problems } = &err else {
         panic!("{err}")
     };
@@ -398,6 +407,7 @@ fn parquet_columns_convert_with_bad_rows_named() {
         "t2i",
         "c_",
         &out,
+        false,
     )
     .unwrap();
     assert_eq!(r.written, 2);
@@ -405,11 +415,12 @@ fn parquet_columns_convert_with_bad_rows_named() {
     assert_eq!(recs[1].1.prompt, "a bird");
     assert_eq!(recs[1].1.metadata.sample_id, "c_0000002");
 
-    // a column that is not there, and a codec this build does not read, are named
+    // a column that is not there, and a codec this build does not read, are named (`out`
+    // exists now: replacing it is allowed, so the input's problem is what is reported)
     let fmt = SourceFormat::Parquet {
         column: Some("text".into()),
     };
-    let err = convert(&src, &fmt, "t2i", "", &out).unwrap_err();
+    let err = convert(&src, &fmt, "t2i", "", &out, true).unwrap_err();
     assert!(
         err.to_string()
             .contains("no text column (the file has [\"caption\"]"),
@@ -422,6 +433,7 @@ fn parquet_columns_convert_with_bad_rows_named() {
         "t2i",
         "",
         &out,
+        true,
     )
     .unwrap_err();
     assert!(matches!(err, DataError::Parquet { .. }), "{err}");
@@ -472,4 +484,150 @@ fn decode_media_opens_every_image() {
         found[2].0 == 4 && found[2].1.contains("PNG and JPEG images only"),
         "{found:?}"
     );
+}
+
+#[test]
+fn a_field_is_refused_for_a_text_input() {
+    let err = SourceFormat::from_path(Path::new("dir/p.txt"), Some("caption".into())).unwrap_err();
+    let msg = err.to_string();
+    assert!(msg.contains("field = \"caption\""), "{msg}");
+    assert!(msg.contains("no field for dir/p.txt"), "{msg}");
+    assert!(msg.contains("a .txt input is one prompt per line"), "{msg}");
+    assert_eq!(
+        SourceFormat::from_path(Path::new("p.txt"), None).unwrap(),
+        SourceFormat::Text
+    );
+    assert_eq!(
+        SourceFormat::from_path(Path::new("p.jsonl"), Some("caption".into())).unwrap(),
+        SourceFormat::Jsonl {
+            field: Some("caption".into())
+        }
+    );
+    assert_eq!(
+        SourceFormat::from_path(Path::new("p.parquet"), Some("caption".into())).unwrap(),
+        SourceFormat::Parquet {
+            column: Some("caption".into())
+        }
+    );
+}
+
+#[test]
+fn convert_replaces_an_output_only_with_overwrite_and_never_its_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let txt = write(dir.path(), "p.txt", "a red panda\n");
+    let out = write(dir.path(), "out.jsonl", "keep\n");
+    let err = convert(&txt, &SourceFormat::Text, "t2i", "", &out, false).unwrap_err();
+    let DataError::OutputExists { paths } = &err else {
+        panic!("{err}")
+    };
+    assert_eq!(paths, std::slice::from_ref(&out));
+    assert!(err.to_string().contains("out.jsonl"), "{err}");
+    assert!(err.to_string().contains("--overwrite"), "{err}");
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), "keep\n");
+    convert(&txt, &SourceFormat::Text, "t2i", "", &out, true).unwrap();
+    assert_eq!(prompts(&out), ["a red panda"]);
+
+    // the input as the output, however spelled, even with overwrite: nothing is touched
+    let src = "{\"prompt\": \"a cat\", \"score\": 3}\n";
+    let jl = write(dir.path(), "p.jsonl", src);
+    let fmt = SourceFormat::Jsonl { field: None };
+    let new = dir.path().join("new");
+    for spelled in [
+        jl.clone(),
+        dir.path().join(".").join("p.jsonl"),
+        new.join("..").join("p.jsonl"),
+    ] {
+        let err = convert(&jl, &fmt, "t2i", "", &spelled, true).unwrap_err();
+        let DataError::OutputIsInput { output, input } = &err else {
+            panic!("{}: {err}", spelled.display())
+        };
+        assert_eq!((output, input), (&spelled, &jl));
+        assert!(
+            err.to_string().contains("must not replace what it reads"),
+            "{err}"
+        );
+        assert_eq!(std::fs::read_to_string(&jl).unwrap(), src);
+    }
+    assert!(!new.exists(), "a refused conversion creates no directory");
+
+    #[cfg(unix)]
+    {
+        // a symlink to the input is the input; a dangling symlink is an existing output
+        let link = dir.path().join("link.jsonl");
+        std::os::unix::fs::symlink(&jl, &link).unwrap();
+        let err = convert(&jl, &fmt, "t2i", "", &link, true).unwrap_err();
+        assert!(matches!(err, DataError::OutputIsInput { .. }), "{err}");
+        let dangling = dir.path().join("dangling.jsonl");
+        std::os::unix::fs::symlink(dir.path().join("nowhere"), &dangling).unwrap();
+        let err = convert(&jl, &fmt, "t2i", "", &dangling, false).unwrap_err();
+        assert!(matches!(err, DataError::OutputExists { .. }), "{err}");
+        assert_eq!(std::fs::read_to_string(&jl).unwrap(), src);
+    }
+}
+
+#[test]
+fn curate_checks_every_output_before_writing_any() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = raw(dir.path());
+    let split = Split::EvalSize {
+        size: 8,
+        subsets: vec![2, 4],
+    };
+    let o = dir.path().join("o");
+    std::fs::create_dir(&o).unwrap();
+    let eval = write(&o, "demo_eval.jsonl", "keep eval\n");
+    let eval4 = write(&o, "demo_eval4.jsonl", "keep eval4\n");
+    let err = curate(&input, &o, &options(split.clone())).unwrap_err();
+    let DataError::OutputExists { paths } = &err else {
+        panic!("{err}")
+    };
+    assert_eq!(
+        paths,
+        &[eval.clone(), eval4.clone()],
+        "every existing output named"
+    );
+    assert!(!o.join("demo_train.jsonl").exists(), "nothing written");
+    assert!(!o.join("demo_eval2.jsonl").exists(), "nothing written");
+    assert_eq!(std::fs::read_to_string(&eval4).unwrap(), "keep eval4\n");
+
+    let replace = CurateOptions {
+        overwrite: true,
+        ..options(split.clone())
+    };
+    let r = curate(&input, &o, &replace).unwrap();
+    assert_eq!(r.files.len(), 4);
+    assert_eq!(ids_of(&eval4).len(), 4);
+
+    // curating a train file into itself is refused even with overwrite, however spelled
+    let train = o.join("demo_train.jsonl");
+    let before = std::fs::read(&train).unwrap();
+    let new = o.join("new");
+    for out_dir in [o.clone(), new.join("..")] {
+        let err = curate(&train, &out_dir, &replace).unwrap_err();
+        let DataError::OutputIsInput { output, input } = &err else {
+            panic!("{}: {err}", out_dir.display())
+        };
+        assert_eq!((output, input), (&out_dir.join("demo_train.jsonl"), &train));
+    }
+    assert!(!new.exists());
+    assert_eq!(std::fs::read(&train).unwrap(), before);
+
+    // so is an input at an output's staging path (`<output>.tmp`, renamed onto the output)
+    let staged = o.join("demo_train.jsonl.tmp");
+    std::fs::copy(&train, &staged).unwrap();
+    let err = curate(&staged, &o, &replace).unwrap_err();
+    let DataError::OutputIsInput { output, .. } = &err else {
+        panic!("{err}")
+    };
+    assert_eq!(output, &staged);
+    assert!(staged.exists());
+    assert_eq!(std::fs::read(&train).unwrap(), before);
+}
+
+fn ids_of(path: &Path) -> Vec<String> {
+    read_jsonl(path)
+        .unwrap()
+        .into_iter()
+        .map(|(_, r)| r.metadata.sample_id)
+        .collect()
 }
