@@ -561,7 +561,9 @@ pub struct SamplingSection {
     /// Candidates of the per-rollout draw; `None`: every step of the fraction window.
     #[serde(default)]
     pub sde_pool: Option<Vec<usize>>,
-    /// Explicit trained steps; the evaluation fallback of a resample.
+    /// Explicit trained steps; under `sde_resample_per_rollout` the plan's evaluation fallback
+    /// (a query without a rollout), validated with the plan but read by no run: the trainer's
+    /// evaluations sample deterministically.
     #[serde(default)]
     pub sde_indices: Option<Vec<usize>>,
     /// Steps per rollout (resample) or stride-spaced window picks.

@@ -16,7 +16,9 @@ impl TrainConfig {
     ///   micro-batch 1; rollout and generation seed 42; eval every 10 rollouts, 2 samples per
     ///   eval prompt;
     /// * 384x384, 12 steps, guidance 1.0, eta 0.7, `sde`, 3 trained steps redrawn per rollout
-    ///   from the pool `[1, 2, 3, 4, 5]`, `sde_indices [3, 4, 5]` as the evaluation fallback;
+    ///   from the pool `[1, 2, 3, 4, 5]`, `sde_indices [3, 4, 5]` as the trained-step plan's
+    ///   evaluation fallback (validated with the plan; the trainer's evaluations sample
+    ///   deterministically and train nothing, so no run reads it);
     /// * LoRA rank 64, alpha 128, dropout 0, the adapter's eight attention projections,
     ///   fp32 masters; bf16 frozen weights (`param_dtype`, the seed's `--fsdp-param-dtype`);
     /// * eps_clip `1e-4`, std mode `group`, lr `3e-4`, no warmup, constant schedule, adam eps
@@ -170,8 +172,8 @@ impl TrainConfig {
     /// on two CPU cores:
     ///
     /// * 32x32 images, 12 steps of the Qwen-Image schedule, guidance 1.0, 3 trained steps
-    ///   redrawn per rollout from the pool `[1, 2, 3, 4, 5]` (`[3, 4, 5]` for evaluation) —
-    ///   as in the seed;
+    ///   redrawn per rollout from the pool `[1, 2, 3, 4, 5]` (`[3, 4, 5]` as the plan's
+    ///   evaluation fallback, which no run reads) — as in the seed;
     /// * Flow-SDE eta 1.2 rather than the seed's 0.7;
     /// * group size 8, 2 disjoint updates per rollout, eps_clip `1e-4`, std mode `group`,
     ///   LoRA dropout 0, no CFG, no KL — as in the seed;
