@@ -278,7 +278,7 @@ impl AdvantageStdMode {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum LrSchedulerKind {
-    /// Stay at `lr` (the decay settings are ignored).
+    /// Stay at `lr` (preflight refuses `min_lr` other than 0 and `lr_decay_iters` beside it).
     Constant,
     /// Linear decay to `min_lr` over `lr_decay_iters`.
     Linear,

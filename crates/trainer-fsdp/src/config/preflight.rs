@@ -22,7 +22,7 @@ impl TrainConfig {
     /// supported yet); zero save interval or `max_to_keep`.
     ///
     /// Warnings: `num_updates_per_batch = 1` (the loss is 0 by construction); LoRA without fp32
-    /// masters; decay settings set under the constant scheduler; unbounded artifact retention;
+    /// masters; unbounded artifact retention;
     /// a trainable last step; evaluation switched off.
     ///
     /// # Errors
@@ -301,13 +301,24 @@ impl TrainConfig {
             o.lr_decay_iters,
             &mut p,
         );
-        if o.lr_scheduler == LrSchedulerKind::Constant
-            && (o.min_lr != 0.0 || o.lr_decay_iters.is_some())
-        {
-            warnings.push(PreflightWarning::DecaySettingsIgnored {
-                min_lr: o.min_lr,
-                lr_decay_iters: o.lr_decay_iters,
-            });
+        // a constant rate reads neither decay key: one set beside it is refused, not dropped
+        if o.lr_scheduler == LrSchedulerKind::Constant {
+            let unused = "absent (or min_lr 0) with optimizer.lr_scheduler = \"constant\", which \
+                          stays at lr after the warmup: set \"linear\" or \"cosine\" to decay";
+            if o.min_lr != 0.0 {
+                p.push(PreflightProblem::OutOfRange {
+                    key: "optimizer.min_lr",
+                    given: o.min_lr.to_string(),
+                    allowed: unused,
+                });
+            }
+            if let Some(d) = o.lr_decay_iters {
+                p.push(PreflightProblem::OutOfRange {
+                    key: "optimizer.lr_decay_iters",
+                    given: d.to_string(),
+                    allowed: unused,
+                });
+            }
         }
         let adamw = self.check_adamw(&mut p);
 
@@ -2130,13 +2141,6 @@ pub enum PreflightWarning {
         /// The master dtype given.
         master_dtype: Option<MasterDtype>,
     },
-    /// `min_lr` or `lr_decay_iters` set while the scheduler is constant.
-    DecaySettingsIgnored {
-        /// `min_lr`.
-        min_lr: f64,
-        /// `lr_decay_iters`.
-        lr_decay_iters: Option<u64>,
-    },
     /// `artifacts.retention_rollouts <= 0` keeps every rollout.
     UnboundedArtifacts {
         /// The value given.
@@ -2165,14 +2169,6 @@ impl fmt::Display for PreflightWarning {
                 f,
                 "model.master_dtype = {master_dtype:?} under LoRA; set \"fp32\": with bf16 masters the ~1e-4 relative RL \
                  updates round off, grad norm and loss stay healthy while the policy stops moving"
-            ),
-            PreflightWarning::DecaySettingsIgnored {
-                min_lr,
-                lr_decay_iters,
-            } => write!(
-                f,
-                "optimizer.min_lr = {min_lr} / lr_decay_iters = {lr_decay_iters:?} are ignored under lr_scheduler = \
-                 \"constant\""
             ),
             PreflightWarning::UnboundedArtifacts { retention_rollouts } => write!(
                 f,

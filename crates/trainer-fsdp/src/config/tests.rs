@@ -170,13 +170,12 @@ fn warnings_are_reported_without_failing() {
     let mut c = TrainConfig::qwen_image_t2i_lora();
     c.rollout.num_updates_per_batch = 1;
     c.model.master_dtype = None;
-    c.optimizer.min_lr = 1e-5;
     c.artifacts.retention_rollouts = 0;
     c.eval.interval = 0;
     c.sampling.sde_pool = Some(vec![1, 2, 3, 11]); // 11 is the last of 12 steps
     let p = c.preflight().unwrap();
     let w: Vec<String> = p.warnings.iter().map(ToString::to_string).collect();
-    assert_eq!(p.warnings.len(), 6, "{w:#?}");
+    assert_eq!(p.warnings.len(), 5, "{w:#?}");
     assert!(p.warnings.contains(&PreflightWarning::SingleUpdatePerBatch));
     assert!(
         w.iter()
@@ -1375,5 +1374,22 @@ fn keys_another_key_leaves_unread_are_refused() {
     let p = refused(&c, &["checkpoint.overwrite"]);
     assert!(!p.iter().any(|m| m.contains("resume_from")), "{p:?}");
     c.checkpoint.overwrite = false;
+    assert!(c.preflight().is_ok(), "{:?}", problems(&c));
+}
+
+/// A constant learning rate reads neither decay key: each one set beside it is refused.
+#[test]
+fn decay_keys_under_a_constant_rate_are_refused() {
+    let mut c = TrainConfig::shapes_world_lora();
+    c.optimizer.min_lr = 1e-5;
+    c.optimizer.lr_decay_iters = Some(100);
+    let p = problems(&c);
+    for key in [
+        "optimizer.min_lr = 0.00001",
+        "optimizer.lr_decay_iters = 100",
+    ] {
+        assert!(p.iter().any(|m| m.starts_with(key)), "{key}: {p:?}");
+    }
+    c.optimizer.lr_scheduler = LrSchedulerKind::Cosine;
     assert!(c.preflight().is_ok(), "{:?}", problems(&c));
 }
