@@ -30,7 +30,7 @@ use burn::backend::Autodiff;
 use burn::module::{AutodiffModule, Module, Param};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, Distribution, Int, Tensor, TensorData};
-use clap::{Parser, ValueEnum};
+use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, ValueEnum};
 use flowrl::backend::BackendKind;
 use flowrl::dit_models::{
     ActivationCheckpointing, Adapters, ImageShape, LoraConfig, QwenImageConfig, QwenImageInput,
@@ -120,10 +120,9 @@ impl WeightDtype {
 }
 
 fn main() -> Result<()> {
-    let args = Args::parse();
-    if args.iters == 0 {
-        bail!("--iters must be at least 1");
-    }
+    let matches = Args::command().get_matches();
+    let args = Args::from_arg_matches(&matches)?;
+    check(&args, &matches)?;
     let kind: BackendKind = args.backend.parse()?;
     let kind = kind.ensure_available()?;
     match kind {
@@ -134,6 +133,78 @@ fn main() -> Result<()> {
         BackendKind::Wgpu => run::<flowrl::backend::Wgpu>(&args),
         #[allow(unreachable_patterns)]
         other => bail!("backend {other:?} is not compiled into this build"),
+    }
+}
+
+/// Every flag, before any model is built: the values the measurements need, and no flag of
+/// the part not measured (it would be accepted and then ignored).
+fn check(args: &Args, matches: &ArgMatches) -> Result<()> {
+    let mut problems = Vec::new();
+    if args.iters == 0 {
+        problems.push("--iters 0: expected at least 1 timed call".to_string());
+    }
+    let given = |id: &str| matches.value_source(id) == Some(clap::parser::ValueSource::CommandLine);
+    let (other, flags): (&str, &[(&str, &str)]) = match args.part {
+        Part::Transformer => (
+            "text-encoder",
+            &[
+                ("prompt_batches", "--prompt-batches"),
+                ("prompt_tokens", "--prompt-tokens"),
+            ],
+        ),
+        Part::TextEncoder => (
+            "transformer",
+            &[
+                ("resolutions", "--resolutions"),
+                ("batch", "--batch"),
+                ("text_tokens", "--text-tokens"),
+                ("lora_rank", "--lora-rank"),
+                ("checkpointing", "--checkpointing"),
+            ],
+        ),
+    };
+    for (id, flag) in flags {
+        if given(id) {
+            problems.push(format!(
+                "{flag} is a flag of --part {other}, which this run does not measure"
+            ));
+        }
+    }
+    match args.part {
+        Part::Transformer => {
+            for &side in &args.resolutions {
+                if side == 0 || !side.is_multiple_of(16) {
+                    problems.push(format!(
+                        "--resolutions: {side} is not a positive multiple of 16 (VAE 8x, patch 2)"
+                    ));
+                }
+            }
+            for (flag, value) in [
+                ("--batch", args.batch),
+                ("--text-tokens", args.text_tokens),
+                ("--lora-rank", args.lora_rank),
+            ] {
+                if value == 0 {
+                    problems.push(format!("{flag} 0: expected at least 1"));
+                }
+            }
+        }
+        Part::TextEncoder => {
+            if args.prompt_tokens < 2 {
+                problems.push(format!(
+                    "--prompt-tokens {}: expected at least 2",
+                    args.prompt_tokens
+                ));
+            }
+            if args.prompt_batches.contains(&0) {
+                problems.push("--prompt-batches: a batch of 0 prompts measures nothing".into());
+            }
+        }
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        bail!("{}", problems.join("; "))
     }
 }
 
