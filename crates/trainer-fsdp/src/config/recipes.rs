@@ -17,8 +17,9 @@ impl TrainConfig {
     ///   eval prompt;
     /// * 384x384, 12 steps, guidance 1.0, eta 0.7, `sde`, 3 trained steps redrawn per rollout
     ///   from the pool `[1, 2, 3, 4, 5]`, `sde_indices [3, 4, 5]` as the trained-step plan's
-    ///   evaluation fallback (validated with the plan; the trainer's evaluations sample
-    ///   deterministically and train nothing, so no run reads it);
+    ///   evaluation fallback (the seed's held-out evaluation injects SDE noise there; this
+    ///   trainer's evaluations sample deterministically, the solver on every step, so the key
+    ///   is validated with the plan and read by no run);
     /// * LoRA rank 64, alpha 128, dropout 0, the adapter's eight attention projections,
     ///   fp32 masters; bf16 frozen weights (`param_dtype`, the seed's `--fsdp-param-dtype`);
     /// * eps_clip `1e-4`, std mode `group`, lr `3e-4`, no warmup, constant schedule, adam eps
