@@ -341,7 +341,7 @@ fn main() -> Result<()> {
             if held_out.contains(&spec.prompt()) {
                 continue;
             }
-            images.push(shapes::render(&spec, rng.next_u64(), &RenderOptions::default()).image);
+            images.push(shapes::render(&spec, rng.next_u64(), &RenderOptions::default())?.image);
             prompts.push(caption(&spec, category, &mut rng, args.caption_noise));
         }
         let x0 = pack(images_to_tensor::<B>(&images, &dev));

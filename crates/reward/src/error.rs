@@ -432,6 +432,18 @@ pub enum RewardError {
         /// Each failed group and its problems.
         failures: Vec<GroupFailureSummary>,
     },
+
+    /// A [`crate::shapes::RenderOptions`] field is outside what
+    /// [`crate::shapes::render`] can draw with.
+    #[error("render option {field} = {value} is outside the allowed range: {allowed}")]
+    InvalidRenderOption {
+        /// The field (`size`, `min_object`, `max_object`).
+        field: &'static str,
+        /// The value given, printed.
+        value: String,
+        /// What is allowed (e.g. `at least 16`).
+        allowed: String,
+    },
 }
 
 impl RewardError {

@@ -31,8 +31,8 @@
 //!
 //! let prompts: Vec<String> = vec!["a red circle".into(), "a red circle".into()];
 //! let images = vec![
-//!     render(&SceneSpec::parse("a red circle").unwrap(), 1, &RenderOptions::default()).image,
-//!     render(&SceneSpec::parse("a blue circle").unwrap(), 2, &RenderOptions::default()).image,
+//!     render(&SceneSpec::parse("a red circle").unwrap(), 1, &RenderOptions::default()).unwrap().image,
+//!     render(&SceneSpec::parse("a blue circle").unwrap(), 2, &RenderOptions::default()).unwrap().image,
 //! ];
 //! let batch = Batch::images_and_prompts(&images, &prompts).unwrap();
 //! let mut scores = ShapesScorer::default().score(batch).unwrap();

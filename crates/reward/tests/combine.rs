@@ -126,7 +126,11 @@ fn scorers_into_groups_end_to_end() {
     let images: Vec<_> = drawn
         .iter()
         .enumerate()
-        .map(|(i, p)| render(&SceneSpec::parse(p).unwrap(), i as u64, &o).image)
+        .map(|(i, p)| {
+            render(&SceneSpec::parse(p).unwrap(), i as u64, &o)
+                .unwrap()
+                .image
+        })
         .collect();
     let batch = Batch::images_and_prompts(&images, &prompts).unwrap();
     // scorers are used through the trait object, as a trainer holds them

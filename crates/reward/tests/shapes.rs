@@ -146,14 +146,14 @@ fn text_outside_the_grammar_is_a_typed_error() {
 fn rendering_is_deterministic_and_varied() {
     let o = RenderOptions::default();
     let s = spec("a red circle and a blue square");
-    let a = render(&s, 11, &o);
-    assert_eq!(a, render(&s, 11, &o));
+    let a = render(&s, 11, &o).unwrap();
+    assert_eq!(a, render(&s, 11, &o).unwrap());
     assert_eq!(
         (a.image.width(), a.image.height()),
         (IMAGE_SIZE, IMAGE_SIZE)
     );
     let distinct: std::collections::HashSet<Vec<u8>> = (0..20)
-        .map(|seed| render(&s, seed, &o).image.as_bytes().to_vec())
+        .map(|seed| render(&s, seed, &o).unwrap().image.as_bytes().to_vec())
         .collect();
     assert_eq!(distinct.len(), 20);
     assert_eq!(a.objects.len(), 2);
@@ -173,7 +173,7 @@ fn rendering_is_deterministic_and_varied() {
         );
     }
     // a colourless group draws palette colours
-    let any = render(&spec("four triangles"), 5, &o);
+    let any = render(&spec("four triangles"), 5, &o).unwrap();
     assert!(any.objects.iter().all(|p| Colour::ALL.contains(&p.colour)));
     // no anti-aliasing: only background and (jittered) object colours
     let hard = render(
@@ -184,7 +184,8 @@ fn rendering_is_deterministic_and_varied() {
             colour_jitter: 0,
             ..o.clone()
         },
-    );
+    )
+    .unwrap();
     let rgb = Colour::Green.rgb();
     assert!(
         hard.image
@@ -208,7 +209,7 @@ fn sweep(
         for seed in 0..seeds {
             // a spread of scenes of the category
             let s = all[(seed as usize * 7919) % all.len()];
-            let image = degrade(&render(&s, seed, &o).image, seed);
+            let image = degrade(&render(&s, seed, &o).unwrap().image, seed);
             let j = judge_with(&s, &image, credit);
             n += 1;
             sum += j.score;
@@ -310,7 +311,7 @@ fn partial_credit_per_constraint() {
     // nothing else drawn
     let j = judge(
         &spec("two blue squares"),
-        &render(&spec("two red squares"), 1, &o).image,
+        &render(&spec("two red squares"), 1, &o).unwrap().image,
     );
     assert_eq!(
         j.constraints.iter().map(|c| c.score).collect::<Vec<_>>(),
@@ -320,7 +321,7 @@ fn partial_credit_per_constraint() {
     // three blue squares asked as two: both found and blue, count off by one, one extra
     let j = judge(
         &spec("two blue squares"),
-        &render(&spec("three blue squares"), 2, &o).image,
+        &render(&spec("three blue squares"), 2, &o).unwrap().image,
     );
     assert_eq!(j.mean_of(ConstraintKind::Count), Some(0.5));
     assert_eq!(j.mean_of(ConstraintKind::Exclusive), Some(2.0 / 3.0));
@@ -328,14 +329,18 @@ fn partial_credit_per_constraint() {
     // the relation reversed: every object right, the relation wrong
     let j = judge(
         &spec("a red circle left of a yellow triangle"),
-        &render(&spec("a red circle right of a yellow triangle"), 3, &o).image,
+        &render(&spec("a red circle right of a yellow triangle"), 3, &o)
+            .unwrap()
+            .image,
     );
     assert_eq!(j.mean_of(ConstraintKind::Relation), Some(0.0));
     assert!((j.score - 4.0 / 5.0).abs() < 1e-12, "{j:?}");
     // colour attribution swapped: shapes right, colours wrong
     let j = judge(
         &spec("a red circle and a blue square"),
-        &render(&spec("a blue circle and a red square"), 4, &o).image,
+        &render(&spec("a blue circle and a red square"), 4, &o)
+            .unwrap()
+            .image,
     );
     assert_eq!(j.mean_of(ConstraintKind::Object), Some(1.0));
     assert_eq!(j.mean_of(ConstraintKind::Colour), Some(0.0));
@@ -343,21 +348,23 @@ fn partial_credit_per_constraint() {
     // one object of two
     let j = judge(
         &spec("a circle and a square"),
-        &render(&spec("a purple circle"), 5, &o).image,
+        &render(&spec("a purple circle"), 5, &o).unwrap().image,
     );
     assert!((j.score - 1.0 / 2.0).abs() < 1e-12, "{j:?}");
     // the right object among others: everything asked is there, but not only that
-    let mut scene = render(&spec("a red circle and a blue square"), 7, &o).image;
+    let mut scene = render(&spec("a red circle and a blue square"), 7, &o)
+        .unwrap()
+        .image;
     let asked = judge(&spec("a red circle"), &scene);
     assert_eq!(asked.mean_of(ConstraintKind::Object), Some(1.0));
     assert_eq!(asked.mean_of(ConstraintKind::Exclusive), Some(0.5));
     assert!((asked.score - 0.5).abs() < 1e-12, "{asked:?}");
-    scene = render(&spec("a red circle"), 7, &o).image;
+    scene = render(&spec("a red circle"), 7, &o).unwrap().image;
     assert_eq!(judge(&spec("a red circle"), &scene).score, 1.0);
     // the wrong shape entirely
     let j = judge(
         &spec("a red circle"),
-        &render(&spec("a red square"), 6, &o).image,
+        &render(&spec("a red square"), 6, &o).unwrap().image,
     );
     assert_eq!(j.score, 0.0);
 }
@@ -379,7 +386,7 @@ fn empty_and_unrelated_images_score_zero() {
 #[test]
 fn detections_match_what_was_drawn() {
     let o = RenderOptions::default();
-    let scene = render(&spec("a red circle and a blue square"), 8, &o);
+    let scene = render(&spec("a red circle and a blue square"), 8, &o).unwrap();
     let d = shapes::detect(&scene.image);
     assert_eq!(d.len(), 2, "{d:?}");
     for obj in &scene.objects {
@@ -407,7 +414,7 @@ fn scorer_reports_components_and_rejects_bad_prompts() {
     let images: Vec<RgbImage> = prompts
         .iter()
         .enumerate()
-        .map(|(i, p)| render(&spec(p), i as u64, &o).image)
+        .map(|(i, p)| render(&spec(p), i as u64, &o).unwrap().image)
         .collect();
     let out = ShapesScorer::default()
         .score(Batch::images_and_prompts(&images, &prompts).unwrap())
@@ -465,7 +472,7 @@ fn larger_renders_are_judged_the_same_way() {
     .enumerate()
     {
         let s = spec(p);
-        let j = judge(&s, &render(&s, i as u64, &o).image);
+        let j = judge(&s, &render(&s, i as u64, &o).unwrap().image);
         assert_eq!(j.score, 1.0, "{p}: {j:?}");
     }
 }
@@ -476,7 +483,7 @@ fn larger_renders_are_judged_the_same_way() {
 fn stray_paint_lowers_exclusive() {
     let o = RenderOptions::default();
     let asked = spec("a red circle");
-    let clean = render(&asked, 7, &o).image;
+    let clean = render(&asked, 7, &o).unwrap().image;
     assert_eq!(judge(&asked, &clean).score, 1.0);
     let (_, paint) = shapes::detect_with_paint(&clean);
     assert_eq!(paint.clean_fraction(), 1.0);
@@ -534,7 +541,7 @@ fn stray_paint_lowers_exclusive() {
 fn spraying_blobs_around_the_asked_object_does_not_pay() {
     let o = RenderOptions::default();
     let asked = spec("a red circle");
-    let clean = render(&asked, 7, &o).image;
+    let clean = render(&asked, 7, &o).unwrap().image;
     assert_eq!(judge(&asked, &clean).score, 1.0);
     // 5x5 squares of the other colours on a lattice, wherever they stay clear of the circle
     let mut sprayed = clean.clone();
@@ -676,7 +683,7 @@ fn judging_is_bit_for_bit_repeatable() {
     let o = RenderOptions::default();
     for category in Category::ALL {
         for (i, s) in SceneSpec::all(category).iter().take(6).enumerate() {
-            let image = blurred(&render(s, i as u64, &o).image);
+            let image = blurred(&render(s, i as u64, &o).unwrap().image);
             let first = judge(s, &image);
             for _ in 0..4 {
                 let again = judge(s, &image);

@@ -177,6 +177,7 @@ mod tests {
                 1,
                 &RenderOptions::default(),
             )
+            .unwrap()
             .image,
         ];
         let out = set

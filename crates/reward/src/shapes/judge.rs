@@ -840,7 +840,7 @@ fn count_word(n: usize) -> &'static str {
 ///
 /// let prompts = vec!["two blue squares".to_string()];
 /// let spec = SceneSpec::parse(&prompts[0]).unwrap();
-/// let images = vec![render(&spec, 3, &RenderOptions::default()).image];
+/// let images = vec![render(&spec, 3, &RenderOptions::default()).unwrap().image];
 /// let out = ShapesScorer::default()
 ///     .score(Batch::images_and_prompts(&images, &prompts).unwrap())
 ///     .unwrap();

@@ -40,7 +40,7 @@
 //! let spec = SceneSpec::parse("a red circle left of a yellow triangle").unwrap();
 //! assert_eq!(spec.category(), Category::Position);
 //! assert_eq!(spec.prompt(), "a red circle left of a yellow triangle");
-//! let image = shapes::render(&spec, 7, &RenderOptions::default()).image;
+//! let image = shapes::render(&spec, 7, &RenderOptions::default()).unwrap().image;
 //! assert_eq!((image.width(), image.height()), (32, 32));
 //! let j = shapes::judge(&spec, &image);
 //! assert_eq!(j.score, 1.0, "{j:?}");

@@ -3,6 +3,7 @@
 use keyed_rng::SplitMix64;
 
 use super::{BACKGROUND, Colour, IMAGE_SIZE, Relation, SceneSpec, Shape};
+use crate::error::RewardError;
 use crate::image::RgbImage;
 
 /// How scenes are drawn. The defaults are the shapes world's: 32x32 pixels, anti-aliased,
@@ -90,27 +91,23 @@ fn overlaps(a: (f64, f64, f64), b: (f64, f64, f64), gap: f64) -> bool {
 /// use reward::shapes::{render, RenderOptions, SceneSpec};
 ///
 /// let spec = SceneSpec::parse("three purple triangles").unwrap();
-/// let a = render(&spec, 1, &RenderOptions::default());
+/// let a = render(&spec, 1, &RenderOptions::default())?;
 /// assert_eq!(a.objects.len(), 3);
-/// assert_eq!(a, render(&spec, 1, &RenderOptions::default()));
-/// assert_ne!(a.image, render(&spec, 2, &RenderOptions::default()).image);
+/// assert_eq!(a, render(&spec, 1, &RenderOptions::default())?);
+/// assert_ne!(a.image, render(&spec, 2, &RenderOptions::default())?.image);
+/// # Ok::<(), reward::RewardError>(())
 /// ```
 ///
-/// # Panics
-/// When `options.size < 16`, or unless `0 < options.min_object <= options.max_object <= 0.45`
+/// # Errors
+/// [`RewardError::InvalidRenderOption`], naming the field, its value and the allowed range,
+/// when `options.size < 16`, or unless `0 < options.min_object <= options.max_object <= 0.45`
 /// (a NaN fails that too). [`RenderOptions::default`] satisfies both.
-pub fn render(spec: &SceneSpec, seed: u64, options: &RenderOptions) -> RenderedScene {
-    assert!(
-        options.size >= 16,
-        "render size must be at least 16, got {}",
-        options.size
-    );
-    assert!(
-        0.0 < options.min_object
-            && options.min_object <= options.max_object
-            && options.max_object <= 0.45,
-        "object sizes must satisfy 0 < min_object <= max_object <= 0.45"
-    );
+pub fn render(
+    spec: &SceneSpec,
+    seed: u64,
+    options: &RenderOptions,
+) -> Result<RenderedScene, RewardError> {
+    check_options(options)?;
     let size = options.size as f64;
     let mut rng = SplitMix64::new(seed.wrapping_mul(0x2545_F491_4F6C_DD1D) ^ 0x5A4E_5EED);
     let mut objects = Vec::new();
@@ -257,5 +254,119 @@ pub fn render(spec: &SceneSpec, seed: u64, options: &RenderOptions) -> RenderedS
             }
         }
     }
-    RenderedScene { image, objects }
+    Ok(RenderedScene { image, objects })
+}
+
+/// The largest object side [`render`] accepts, as a fraction of the image side.
+const MAX_OBJECT: f64 = 0.45;
+
+/// Refuses options [`render`] cannot draw with: `size < 16`, or not
+/// `0 < min_object <= max_object <= 0.45` (a NaN included).
+fn check_options(options: &RenderOptions) -> Result<(), RewardError> {
+    let refuse = |field: &'static str, value: String, allowed: String| {
+        Err(RewardError::InvalidRenderOption {
+            field,
+            value,
+            allowed,
+        })
+    };
+    if options.size < 16 {
+        return refuse("size", options.size.to_string(), "at least 16".into());
+    }
+    let (min, max) = (options.min_object, options.max_object);
+    // written so that a NaN is refused too
+    if !(min > 0.0 && min <= MAX_OBJECT) {
+        return refuse(
+            "min_object",
+            min.to_string(),
+            format!("0 < min_object <= {MAX_OBJECT}"),
+        );
+    }
+    if !(max >= min && max <= MAX_OBJECT) {
+        return refuse(
+            "max_object",
+            max.to_string(),
+            format!("min_object ({min}) <= max_object <= {MAX_OBJECT}"),
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(options: RenderOptions) -> (&'static str, String, String) {
+        let spec = SceneSpec::parse("a red circle").unwrap();
+        match render(&spec, 1, &options) {
+            Err(RewardError::InvalidRenderOption {
+                field,
+                value,
+                allowed,
+            }) => (field, value, allowed),
+            other => panic!("expected InvalidRenderOption, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_default_options_and_the_bounds_render() {
+        let spec = SceneSpec::parse("a red circle").unwrap();
+        assert!(render(&spec, 1, &RenderOptions::default()).is_ok());
+        let at_the_bounds = RenderOptions {
+            size: 16,
+            min_object: MAX_OBJECT,
+            max_object: MAX_OBJECT,
+            ..RenderOptions::default()
+        };
+        assert!(render(&spec, 1, &at_the_bounds).is_ok());
+    }
+
+    #[test]
+    fn a_size_below_16_is_refused() {
+        let (field, value, allowed) = refused(RenderOptions {
+            size: 15,
+            ..RenderOptions::default()
+        });
+        assert_eq!((field, value.as_str()), ("size", "15"));
+        assert_eq!(allowed, "at least 16");
+        let err = render(
+            &SceneSpec::parse("a red circle").unwrap(),
+            1,
+            &RenderOptions {
+                size: 0,
+                ..RenderOptions::default()
+            },
+        )
+        .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "render option size = 0 is outside the allowed range: at least 16"
+        );
+    }
+
+    #[test]
+    fn a_min_object_outside_0_to_0_45_is_refused() {
+        for bad in [0.0, -0.1, 0.5, f64::NAN] {
+            let (field, value, allowed) = refused(RenderOptions {
+                min_object: bad,
+                max_object: 0.45,
+                ..RenderOptions::default()
+            });
+            assert_eq!((field, value), ("min_object", bad.to_string()));
+            assert_eq!(allowed, "0 < min_object <= 0.45");
+        }
+    }
+
+    #[test]
+    fn a_max_object_below_min_object_or_above_0_45_is_refused() {
+        for bad in [0.2, 0.46, 1.0, f64::NAN] {
+            let (field, value, allowed) = refused(RenderOptions {
+                min_object: 0.22,
+                max_object: bad,
+                ..RenderOptions::default()
+            });
+            assert_eq!((field, value), ("max_object", bad.to_string()));
+            assert_eq!(allowed, "min_object (0.22) <= max_object <= 0.45");
+        }
+    }
 }
