@@ -26,7 +26,7 @@
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use std::collections::BTreeMap;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{Context, Result};
@@ -252,28 +252,10 @@ fn check_destinations(args: &Args) -> Result<()> {
     Ok(())
 }
 
-/// `path` absolute, with symbolic links resolved as far as it exists and `.` / `..` applied to
-/// the rest, so that two spellings of one directory compare equal whether or not it exists.
+/// `path` as [`durable::resolved`] gives it: two spellings of one directory compare equal
+/// whether or not it exists.
 fn resolve(path: &Path) -> Result<PathBuf> {
-    let abs =
-        std::path::absolute(path).with_context(|| format!("making {} absolute", path.display()))?;
-    let parts: Vec<Component> = abs.components().collect();
-    for split in (1..=parts.len()).rev() {
-        let Ok(mut resolved) = parts[..split].iter().collect::<PathBuf>().canonicalize() else {
-            continue;
-        };
-        for part in &parts[split..] {
-            match part {
-                Component::ParentDir => {
-                    resolved.pop();
-                }
-                Component::CurDir => {}
-                other => resolved.push(other),
-            }
-        }
-        return Ok(resolved);
-    }
-    Ok(abs)
+    durable::resolved(path).with_context(|| format!("making {} absolute", path.display()))
 }
 
 /// A training caption: the scene's prompt, or with probability `p` a corrupted one (a

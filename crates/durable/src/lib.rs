@@ -17,6 +17,8 @@
 //! * [`stage`] / [`Staged::commit`]: a buffer written and fsynced now, made visible later (a
 //!   caller that must write several files before any becomes visible).
 //! * [`sync_dir`]: the directory fsync that makes a rename or a removal durable.
+//! * [`resolved`]: a path with its symlinks and `..` resolved, so that a writer can refuse to
+//!   replace what it reads.
 //!
 //! * [`remove_file`] / [`remove_dir_all`]: removals, each a crash point like the steps above.
 //!
@@ -50,7 +52,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{BufWriter, Write};
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 
 use thiserror::Error;
 
@@ -162,6 +164,37 @@ fn parent_of(dest: &Path) -> &Path {
     dest.parent()
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."))
+}
+
+/// `path` absolute, with every symlink of its existing part resolved and `.` and `..` folded,
+/// so that two spellings of one file or directory compare equal whether or not it exists yet
+/// (a writer refusing to replace what it reads): each component is resolved through the file
+/// system while it exists and appended as it is once it does not (a `..` then takes back the
+/// last one, as the file system will).
+///
+/// # Errors
+/// The current directory cannot be read (a relative `path`).
+pub fn resolved(path: &Path) -> std::io::Result<PathBuf> {
+    let absolute = std::path::absolute(path)?;
+    let mut out = PathBuf::new();
+    for c in absolute.components() {
+        match c {
+            Component::Prefix(_) | Component::RootDir => out.push(c),
+            Component::CurDir => {}
+            Component::ParentDir => {
+                // `out` holds no symlink (each existing step was canonicalized), so its
+                // parent is the directory's real parent
+                out.pop();
+            }
+            Component::Normal(name) => {
+                out.push(name);
+                if let Ok(real) = out.canonicalize() {
+                    out = real;
+                }
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// fsyncs a directory so that a rename or removal inside it is durable (a no-op where

@@ -33,7 +33,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::io::{BufRead, BufReader, Write};
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -256,35 +256,12 @@ pub fn read_jsonl(path: &Path) -> Result<NumberedRecords, DataError> {
     }
 }
 
-/// `path` absolute with symlinks resolved, for comparing files: its canonical form, or, for a
-/// path that does not exist (yet), that of its longest existing ancestor with the rest of the
-/// path appended lexically (`..` pops: a component that does not exist is no symlink, and a
-/// writer creates it as a directory).
+/// `path` as [`durable::resolved`] gives it, for comparing files.
 fn resolved(path: &Path) -> Result<PathBuf, DataError> {
-    if let Ok(p) = path.canonicalize() {
-        return Ok(p);
-    }
-    let absolute = std::path::absolute(path).map_err(|source| DataError::Io {
+    durable::resolved(path).map_err(|source| DataError::Io {
         path: path.to_path_buf(),
         source,
-    })?;
-    let parts: Vec<Component> = absolute.components().collect();
-    for k in (1..parts.len()).rev() {
-        let head: PathBuf = parts[..k].iter().collect();
-        if let Ok(mut p) = head.canonicalize() {
-            for c in &parts[k..] {
-                match c {
-                    Component::ParentDir => {
-                        p.pop();
-                    }
-                    Component::Normal(n) => p.push(n),
-                    _ => {}
-                }
-            }
-            return Ok(p);
-        }
-    }
-    Ok(absolute)
+    })
 }
 
 /// Checks the files a writer is about to write, all before any is written: an output that

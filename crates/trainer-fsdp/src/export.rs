@@ -36,7 +36,7 @@
 //! run. Paths are compared resolved (symlinks followed, `..` folded; a not yet existing `out`
 //! through its nearest existing ancestor).
 
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
 use burn::tensor::Tensor;
 use burn::tensor::backend::AutodiffBackend;
@@ -328,37 +328,10 @@ fn guarded_paths(path: &Path, source: &Source, cfg: &TrainConfig) -> Vec<(PathBu
     guarded
 }
 
-/// `path` absolute, with every symlink of its existing part resolved and `.` and `..` folded:
-/// each component is resolved through the file system while it exists and appended as it is
-/// once it does not (a `..` then takes back the last one, as the file system will).
+/// `path` as [`durable::resolved`] gives it, or as it stands where the current directory
+/// cannot be read.
 fn resolved(path: &Path) -> PathBuf {
-    let absolute = if path.is_absolute() {
-        path.to_path_buf()
-    } else {
-        match std::env::current_dir() {
-            Ok(cwd) => cwd.join(path),
-            Err(_) => path.to_path_buf(),
-        }
-    };
-    let mut out = PathBuf::new();
-    for c in absolute.components() {
-        match c {
-            Component::Prefix(_) | Component::RootDir => out.push(c),
-            Component::CurDir => {}
-            Component::ParentDir => {
-                // `out` holds no symlink (each existing step was canonicalized), so its
-                // parent is the directory's real parent
-                out.pop();
-            }
-            Component::Normal(name) => {
-                out.push(name);
-                if let Ok(real) = out.canonicalize() {
-                    out = real;
-                }
-            }
-        }
-    }
-    out
+    durable::resolved(path).unwrap_or_else(|_| path.to_path_buf())
 }
 
 /// Refuses an `out` that is, holds or lies inside any of `guarded` (compared [`resolved`]).
