@@ -39,7 +39,7 @@ use clap::Parser;
 use keyed_rng::SplitMix64;
 use noise_recipe::{NoiseAlgorithm, NoiseRecipe};
 use reward::shapes::{self, Category, RenderOptions, SceneSpec};
-use schedule::SchedulePolicy;
+use schedule::{SchedulePolicy, SdeSteps};
 use sde_math::solvers::OdeSolver;
 use sde_math::{Kernel, StorageDtype};
 use trainer_fsdp::rollout::SamplerSpec;
@@ -403,6 +403,7 @@ fn evaluate(model: &ShapesGenerator<Flex>, sigmas: &[f32], args: &Args) -> Resul
         &world,
         &model.dit,
         &spec,
+        &SdeSteps::new([]),
         args.eval_samples,
         args.eval_seed.unwrap_or(args.seed),
         &BTreeMap::from([("shapes".to_string(), 1.0)]),

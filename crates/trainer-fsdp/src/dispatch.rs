@@ -131,8 +131,12 @@ impl<B: AutodiffBackend, J: Job<B>> WorldJob<B> for WithAlgorithm<'_, J> {
     }
 }
 
-/// Runs `job` in `world` with the algorithm of the validated config.
-fn with_algorithm<B: AutodiffBackend, W: World<B>, J: Job<B>>(
+/// Runs `job` in `world` with the algorithm of the validated config: [`dispatch`] for a
+/// world built by the caller (a world of one's own, or a configured one with another scorer).
+///
+/// # Errors
+/// The job's errors.
+pub fn with_algorithm<B: AutodiffBackend, W: World<B>, J: Job<B>>(
     pre: &Preflight,
     world: W,
     job: J,

@@ -355,6 +355,16 @@ pub enum TrainerError {
     )]
     NoEvalSamples,
 
+    /// An evaluation was asked to take SDE transitions under a sampler without a kernel.
+    #[error(
+        "an evaluation with SDE transitions at steps {steps:?} needs the rollouts' kernel, and this \
+         sampler has none (deterministic rollouts): expected eval.sampling = \"ode\""
+    )]
+    EvalNoiseWithoutKernel {
+        /// The steps asked for.
+        steps: Vec<usize>,
+    },
+
     /// A world was asked to score with no scorer.
     #[error("reward.scorers is empty: a sample scored by nothing would train on 0")]
     NoScorer,

@@ -8,7 +8,8 @@
 //! replay of the stored steps under the same weights therefore reproduces the rollout's
 //! log-probs exactly (ratio 1 on the first update).
 //!
-//! Evaluation uses the same function with no trained steps: a deterministic ODE sample.
+//! Evaluation uses the same function with no trained steps (a deterministic ODE sample), or
+//! with the plan's evaluation steps under `eval.sampling = "sde"`.
 //!
 //! [`replay`] scores stored trained steps under a model: the pi_old anchor and the updates of
 //! a likelihood objective go through it.

@@ -1282,8 +1282,9 @@ where
         })
     }
 
-    /// Phase 5: deterministic sampling (the solver on every step) of the world's held-out
-    /// prompts, `eval.samples_per_prompt` fixed seeds each (a pure function of `run.seed`),
+    /// Phase 5: sampling of the world's held-out prompts, `eval.samples_per_prompt` fixed
+    /// seeds each (a pure function of `run.seed`), deterministic under `eval.sampling =
+    /// "ode"` and with the SDE's transitions at the plan's evaluation steps under `"sde"`,
     /// scored by the world's scorers; writes a sample grid.
     ///
     /// # Errors
@@ -1301,6 +1302,7 @@ where
             &self.world,
             &self.handed_out().valid(),
             &self.eval_spec,
+            &self.pre.eval_sde_steps,
             k,
             self.cfg.run.seed,
             &self.cfg.reward.component_weights,
@@ -2097,21 +2099,26 @@ fn check_readable_copy<B: AutodiffBackend, W: World<B>>(
     Ok(())
 }
 
-/// Deterministic sampling (the solver on every step) of `world`'s held-out prompts under
-/// `model`, `k` fixed seeds each (a pure function of `seed`), scored by the world's scorers
-/// and combined with `weights` (`sum_c w_c * component_c` of the raw components): the samples
-/// (prompt-major) and the statistics. With `guidance` every step runs the model under true CFG
-/// of its scale and negative prompt (`velocity_model::TrueCfg`). `threads` sample chunks side
-/// by side (the same bits for any value).
+/// Sampling of `world`'s held-out prompts under `model`, `k` fixed seeds each, scored by the
+/// world's scorers and combined with `weights` (`sum_c w_c * component_c` of the raw
+/// components): the samples (prompt-major) and the statistics. The solver runs every step
+/// but those of `noised`, where `spec`'s kernel takes its SDE transition (seed 002's
+/// evaluation at the plan's fallback steps; none: deterministic sampling). The initial noise
+/// and the noise of those steps are pure functions of `seed` and the sample. With `guidance`
+/// every step runs the model under true CFG of its scale and negative prompt
+/// (`velocity_model::TrueCfg`). `threads` sample chunks side by side (the same bits for any
+/// value).
 ///
 /// # Errors
-/// [`TrainerError::NoEvalSamples`] for `k = 0`; sampling, noise, prompt and scorer errors
-/// (the negative prompt's encoding among them).
+/// [`TrainerError::NoEvalSamples`] for `k = 0`; [`TrainerError::EvalNoiseWithoutKernel`]
+/// for steps in `noised` under a `spec` without a kernel; sampling, noise, prompt and scorer
+/// errors (the negative prompt's encoding among them).
 #[allow(clippy::too_many_arguments)]
 pub fn evaluate_policy<B, W>(
     world: &W,
     model: &<W::Policy as AutodiffModule<B>>::InnerModule,
     spec: &SamplerSpec,
+    noised: &SdeSteps,
     k: usize,
     seed: u64,
     weights: &BTreeMap<String, f64>,
@@ -2125,6 +2132,11 @@ where
 {
     if k == 0 {
         return Err(TrainerError::NoEvalSamples);
+    }
+    if spec.kernel.is_none() && !noised.is_empty() {
+        return Err(TrainerError::EvalNoiseWithoutKernel {
+            steps: noised.as_slice().to_vec(),
+        });
     }
     let held = world.held_out();
     let all: Vec<&str> = held
@@ -2140,8 +2152,20 @@ where
     .generate()
     .to_tensor::<Inner<B>, 3>(device)?;
     let cond = world.encode(&all, device)?;
+    // one per-step-noise seed per sample, a pure function of `seed` and the sample's index
+    let step_seeds = DenoiseSeeds::new(
+        (0..all.len() as u64)
+            .map(|i| keyed_rng::absorb(EVAL_STEP_NOISE_DOMAIN, &[seed, i]))
+            .collect(),
+    )?;
+    let eval = EvalSteps {
+        noised,
+        seeds: &step_seeds,
+        latent_shape: &world.latent_shape(),
+        device,
+    };
     let samples = match guidance {
-        None => sample_deterministic(world, model, &cond, x_t, spec, threads)?,
+        None => sample_eval(world, model, &cond, x_t, spec, &eval, threads)?,
         Some(g) => {
             // one encoding of the negative prompt, its row repeated for every sample
             let negative = world
@@ -2151,12 +2175,13 @@ where
                 positive: cond,
                 negative,
             };
-            sample_deterministic(
+            sample_eval(
                 world,
                 &TrueCfg::new(model, g.scale),
                 &guided,
                 x_t,
                 spec,
+                &eval,
                 threads,
             )?
         }
@@ -2181,13 +2206,29 @@ where
     Ok((samples, eval_statistics(&rewards, &categories, k)?))
 }
 
-/// Deterministic samples of `x_t`'s rows under `model` (the solver on every step), decoded.
-fn sample_deterministic<B, W, M>(
+/// The domain of the evaluation's per-step-noise seeds (changing it changes every noised
+/// evaluation).
+const EVAL_STEP_NOISE_DOMAIN: u64 = keyed_rng::fnv1a64(b"flowrl/trainer/eval-step-noise/v1");
+
+/// The stochastic steps of an evaluation and their noise.
+struct EvalSteps<'a, D> {
+    /// The steps that take the kernel's transition (none: the solver on every step).
+    noised: &'a SdeSteps,
+    /// One per-step-noise seed per sample of the evaluation.
+    seeds: &'a DenoiseSeeds,
+    latent_shape: &'a [usize],
+    device: &'a D,
+}
+
+/// Samples of `x_t`'s rows under `model` (the solver on every step but `eval`'s noised ones),
+/// decoded.
+fn sample_eval<B, W, M>(
     world: &W,
     model: &M,
     cond: &M::Conditioning,
     x_t: Tensor<Inner<B>, 3>,
     spec: &SamplerSpec,
+    eval: &EvalSteps<'_, B::Device>,
     threads: usize,
 ) -> Result<Vec<W::Sample>, TrainerError>
 where
@@ -2206,14 +2247,26 @@ where
     let mut start = 0;
     while start < n {
         let rows = start..n.min(start + block);
+        let first = rows.start;
         let out = sample_in_chunks(
             model,
             &cond.slice_rows(rows.clone()),
             x_t.clone().slice([rows.clone()]),
             spec,
-            &SdeSteps::new([]),
+            eval.noised,
             threads,
-            |step, _| Err(TrainerError::TrainedStepOutOfRange { step, steps: 0 }),
+            |step, chunk| {
+                // `chunk` indexes this block's rows
+                let shape = eval.latent_shape;
+                let v: Vec<f32> = chunk
+                    .clone()
+                    .flat_map(|i| eval.seeds.noise(first + i, step, shape))
+                    .collect();
+                Ok(Tensor::from_data(
+                    TensorData::new(v, [chunk.len(), shape[0], shape[1]]),
+                    eval.device,
+                ))
+            },
         )?;
         samples.extend(world.decode(out.final_latents)?);
         start = rows.end;

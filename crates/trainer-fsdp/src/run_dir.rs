@@ -67,6 +67,7 @@ pub const FREE_TO_CHANGE: &[&str] = &[
 pub const ADDED_KEYS: &[(&str, &str, &str, Option<&str>)] = &[
     ("algorithm", "anchor", "replay", Some("flow_grpo")),
     ("sampling", "schedule_compat", "diffusers_0_35", None),
+    ("eval", "sampling", "ode", None),
 ];
 
 /// Who holds (or held) a run directory's lock.

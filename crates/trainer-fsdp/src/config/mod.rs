@@ -49,7 +49,7 @@
 //! [artifacts]  root, retention_rollouts
 //! [eval]       interval (0: never), samples_per_prompt, num_inference_steps (optional: the
 //!              sampling steps), guidance (optional: true CFG of the evaluations =
-//!              { scale, negative_prompt })
+//!              { scale, negative_prompt }), sampling ("ode" | "sde", optional: "ode")
 //! [monitor]    jsonl, tensorboard, progress      (all optional; they change no result)
 //! [data]       train, eval: prompt files in the unified JSONL schema instead of the world's
 //!              own prompts                        (optional section, both keys optional)
@@ -562,8 +562,9 @@ pub struct SamplingSection {
     #[serde(default)]
     pub sde_pool: Option<Vec<usize>>,
     /// Explicit trained steps; under `sde_resample_per_rollout` the plan's evaluation fallback
-    /// (a query without a rollout), validated with the plan but read by no run: the trainer's
-    /// evaluations sample deterministically.
+    /// (a query without a rollout): the steps at which `eval.sampling = "sde"` takes the SDE's
+    /// transitions. Under `eval.sampling = "ode"` and a resample, no run reads it (it is
+    /// validated with the plan).
     #[serde(default)]
     pub sde_indices: Option<Vec<usize>>,
     /// Steps per rollout (resample) or stride-spaced window picks.
@@ -1097,6 +1098,9 @@ pub const ALGORITHM_NAMES: &[&str] = &[
 /// The overrides that select algorithm `name` on top of a recipe: its `[algorithm]` section
 /// with the variant's defaults, and `sampling.eta = 0` for the objectives on deterministic
 /// rollouts (DiffusionNFT, DPO). `flow_grpo` is the recipes' own section: no override.
+/// The presets without fixed SDE steps to evaluate at (DiffusionNFT, DPO, and the sliding
+/// windows of `mix_grpo` and `flow_grpo_fast`) evaluate deterministically
+/// (`eval.sampling = "ode"`).
 /// `dpok` also takes a quarter of the lr it is given (`optimizer.lr*=0.25`; an
 /// `optimizer.lr` set after the preset is taken as it is): at `shapes_world_lora`'s 2e-3 DPOK
 /// collapsed on one to three seeds of five on each of two machines, at 5e-4 it gained on
@@ -1122,7 +1126,7 @@ pub const ALGORITHM_NAMES: &[&str] = &[
 ///
 /// ```
 /// let o = trainer_fsdp::config::algorithm_overrides("nft").unwrap();
-/// assert_eq!(o.len(), 2);
+/// assert_eq!(o.len(), 3);
 /// assert!(trainer_fsdp::config::algorithm_overrides("flow_grpo").unwrap().is_empty());
 /// let err = trainer_fsdp::config::algorithm_overrides("ppo").unwrap_err().to_string();
 /// assert!(err.contains("ppo") && err.contains("dpok"), "{err}");
@@ -1136,7 +1140,11 @@ pub fn algorithm_overrides(name: &str) -> Result<Vec<Override>, TrainerError> {
         "flow_grpo" => Ok(Vec::new()),
         "awm" | "grpo_guard" => Ok(vec![section(name)?]),
         "dpok" => Ok(vec![section(name)?, Override::parse("optimizer.lr*=0.25")?]),
-        "nft" | "dpo" => Ok(vec![section(name)?, Override::parse("sampling.eta=0.0")?]),
+        "nft" | "dpo" => Ok(vec![
+            section(name)?,
+            Override::parse("sampling.eta=0.0")?,
+            Override::parse("eval.sampling=\"ode\"")?,
+        ]),
         "fdfo" => {
             let mut o = vec![section(name)?];
             o.extend(Override::parse_all(&[
@@ -1156,6 +1164,7 @@ pub fn algorithm_overrides(name: &str) -> Result<Vec<Override>, TrainerError> {
             "sampling.sde_indices=",
             "sampling.sde_timestep_fraction=",
             "sampling.solver=\"dpm_solver_pp2m\"",
+            "eval.sampling=\"ode\"",
         ]),
         "flow_grpo_fast" => Override::parse_all(&[
             "sampling.sde_window={ size = 2, stride = 1, shift_interval = 1, strategy = \"random\", span = [1, 6] }",
@@ -1164,6 +1173,7 @@ pub fn algorithm_overrides(name: &str) -> Result<Vec<Override>, TrainerError> {
             "sampling.sde_pool=",
             "sampling.sde_indices=",
             "sampling.sde_timestep_fraction=",
+            "eval.sampling=\"ode\"",
         ]),
         "dance_grpo" => Override::parse_all(&[
             "algorithm.timestep_fraction=0.6",
@@ -1330,7 +1340,7 @@ pub const MOVED_KEYS: &[(&str, &str)] = &[
 ];
 
 /// The deterministic solver of the steps that are not trained (and of every evaluation
-/// step).
+/// step but those `eval.sampling = "sde"` noises).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum SolverKind {
@@ -1557,6 +1567,35 @@ pub struct EvalSection {
     /// rollouts sample. Rollouts are never guided (`sampling.guidance_scale` must stay 1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub guidance: Option<EvalGuidance>,
+    /// How the evaluation samples (a config without the key: `"ode"`, what every build
+    /// before the key ran).
+    #[serde(default)]
+    pub sampling: EvalSampling,
+}
+
+/// `eval.sampling`: how the held-out evaluation samples its pictures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum EvalSampling {
+    /// The solver on every step: a picture is a pure function of its initial noise.
+    #[default]
+    Ode,
+    /// Seed 002's evaluation: the rollouts' SDE kernel (`sampling.sde_type`, `eta`) at the
+    /// plan's evaluation steps — `sampling.sde_indices`, the fallback that a per-rollout
+    /// resample uses when there is no rollout id — and the solver elsewhere. The noise of
+    /// those steps is a pure function of `run.seed` and the sample, so the number stays
+    /// comparable across evaluations. Only for SDE rollouts at the rollouts' own step count.
+    Sde,
+}
+
+impl EvalSampling {
+    /// The key's value as a config writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EvalSampling::Ode => "ode",
+            EvalSampling::Sde => "sde",
+        }
+    }
 }
 
 /// `eval.guidance = { scale, negative_prompt }`: every evaluation step runs the policy on the

@@ -152,6 +152,47 @@ impl TrainConfig {
             },
         };
 
+        // the evaluation's stochastic steps (`eval.sampling = "sde"`: the plan's answer to a
+        // query without a rollout, seed 002's evaluation fallback)
+        let mut eval_sde_steps = SdeSteps::new([]);
+        if self.eval.sampling == EvalSampling::Sde {
+            let given = || "\"sde\"".to_string();
+            if ode_rollouts {
+                p.push(PreflightProblem::OutOfRange {
+                    key: "eval.sampling",
+                    given: given(),
+                    allowed: "\"ode\" with algorithm.kind = \"nft\" or \"dpo\" (their rollouts take no SDE \
+                              transition, so there is none to evaluate with)",
+                });
+            }
+            if self
+                .eval
+                .num_inference_steps
+                .is_some_and(|n| n != s.num_inference_steps)
+            {
+                p.push(PreflightProblem::OutOfRange {
+                    key: "eval.sampling",
+                    given: given(),
+                    allowed: "\"ode\" with eval.num_inference_steps other than \
+                              sampling.num_inference_steps (the plan's evaluation steps index the \
+                              rollouts' schedule)",
+                });
+            }
+            if let Some((_, plan)) = &schedule_and_plan
+                && !ode_rollouts
+            {
+                match plan.steps(PlanQuery::evaluation()) {
+                    Ok(steps) => eval_sde_steps = steps,
+                    Err(_) => p.push(PreflightProblem::OutOfRange {
+                        key: "eval.sampling",
+                        given: given(),
+                        allowed: "\"ode\" with sampling.sde_window (a sliding window's steps move \
+                                  with the rollouts: it has no fixed evaluation steps)",
+                    }),
+                }
+            }
+        }
+
         // reward
         let r = &self.reward;
         if r.required_components.is_empty() {
@@ -258,13 +299,10 @@ impl TrainConfig {
         }
         if let AlgorithmSection::Dpo(_) = &self.algorithm {
             let r = &self.rollout;
-            if r.group_size < 2 {
-                p.push(PreflightProblem::OutOfRange {
-                    key: "rollout.group_size",
-                    given: r.group_size.to_string(),
-                    allowed: "at least 2 with algorithm.kind = \"dpo\" (a pair is a group's best and worst sample)",
-                });
-            } else if r.micro_batch_size == 0 || !r.micro_batch_size.is_multiple_of(r.group_size) {
+            // a group below 2 is every algorithm's problem, reported once with the geometry
+            if r.group_size >= 2
+                && (r.micro_batch_size == 0 || !r.micro_batch_size.is_multiple_of(r.group_size))
+            {
                 p.push(PreflightProblem::OutOfRange {
                     key: "rollout.micro_batch_size",
                     given: r.micro_batch_size.to_string(),
@@ -517,6 +555,7 @@ impl TrainConfig {
                 warnings,
                 trainable,
                 eval_schedule: eval_schedule.unwrap_or_else(|| schedule.clone()),
+                eval_sde_steps,
                 schedule,
                 plan,
                 sde,
@@ -1685,6 +1724,9 @@ pub struct Preflight {
     /// The evaluation's sigma schedule: `schedule`, or the same policy at
     /// `eval.num_inference_steps`.
     pub eval_schedule: Schedule,
+    /// The steps at which the evaluation takes the rollouts' SDE transition: the plan's
+    /// evaluation steps under `eval.sampling = "sde"`, none under `"ode"`.
+    pub eval_sde_steps: SdeSteps,
     /// The resolved plan of trained SDE steps.
     pub plan: TrainedPlan,
     /// The SDE of the trained steps.

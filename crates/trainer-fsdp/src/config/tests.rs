@@ -1393,3 +1393,122 @@ fn decay_keys_under_a_constant_rate_are_refused() {
     c.optimizer.lr_scheduler = LrSchedulerKind::Cosine;
     assert!(c.preflight().is_ok(), "{:?}", problems(&c));
 }
+
+/// `eval.sampling`: the Qwen-Image recipes evaluate as seed 002 does, with the SDE's
+/// transitions at the plan's evaluation fallback (`sde_indices`); the shapes recipe and a
+/// config without the key evaluate deterministically. `"sde"` is refused, every reason at
+/// once, where there is no SDE or no fixed step to evaluate with, and the presets without
+/// either evaluate deterministically on every recipe.
+#[test]
+fn the_evaluations_sampling_follows_the_seed_where_it_can() {
+    let p = TrainConfig::qwen_image_t2i_lora().preflight().unwrap();
+    assert_eq!(p.eval_sde_steps.as_slice(), &[3, 4, 5]);
+    let p = TrainConfig::qwen_image_t2i_full().preflight().unwrap();
+    assert_eq!(p.eval_sde_steps.as_slice(), &[1, 3, 5]);
+    let shapes = TrainConfig::shapes_world_lora();
+    assert_eq!(shapes.eval.sampling, EvalSampling::Ode);
+    assert!(shapes.preflight().unwrap().eval_sde_steps.is_empty());
+    let c = shapes_recipe_with(&["eval.sampling=\"sde\""]);
+    assert_eq!(c.preflight().unwrap().eval_sde_steps.as_slice(), &[3, 4, 5]);
+    assert!(c.to_toml_string().unwrap().contains("sampling = \"sde\""));
+    // a config written before the key evaluates as every build before it did
+    let mut text = shapes.to_toml_string().unwrap();
+    text = text.replace("sampling = \"ode\"\n", "");
+    assert!(!text.contains("\"ode\""), "{text}");
+    let back = TrainConfig::from_toml_str(&text, None, &[]).unwrap();
+    assert_eq!(back.eval.sampling, EvalSampling::Ode);
+
+    // deterministic rollouts have no SDE; another step count, other steps; every reason
+    let mut o = algorithm_overrides("nft").unwrap();
+    o.extend(
+        Override::parse_all(&["eval.sampling=\"sde\"", "eval.num_inference_steps=24"]).unwrap(),
+    );
+    let c = TrainConfig::from_recipe(RecipeName::ShapesWorldLora, &o).unwrap();
+    let text = problems(&c);
+    assert_eq!(
+        text.iter().filter(|m| m.contains("eval.sampling")).count(),
+        2,
+        "{text:?}"
+    );
+    assert!(text.iter().any(|m| m.contains("no SDE")), "{text:?}");
+    assert!(
+        text.iter().any(|m| m.contains("rollouts' schedule")),
+        "{text:?}"
+    );
+    // a sliding window has no fixed steps to evaluate at
+    let mut o = algorithm_overrides("mix_grpo").unwrap();
+    o.push(Override::parse("eval.sampling=\"sde\"").unwrap());
+    let c = TrainConfig::from_recipe(RecipeName::ShapesWorldLora, &o).unwrap();
+    let text = problems(&c);
+    assert_eq!(text.len(), 1, "{text:?}");
+    assert!(text[0].contains("sliding window"), "{text:?}");
+    // the presets without fixed SDE steps evaluate deterministically on the seed's recipes
+    for name in ["nft", "dpo", "mix_grpo", "flow_grpo_fast"] {
+        let c = TrainConfig::from_recipe(
+            RecipeName::QwenImageT2iLora,
+            &algorithm_overrides(name).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(c.eval.sampling, EvalSampling::Ode, "{name}");
+        // (DPO on this recipe's micro-batches of one is refused for its pairs, not here)
+        let text = problems(&c);
+        assert!(
+            !text.iter().any(|m| m.contains("eval.sampling")),
+            "{name}: {text:?}"
+        );
+    }
+    // DanceGRPO's explicit steps are the ones its evaluation noises
+    let c = TrainConfig::from_recipe(
+        RecipeName::QwenImageT2iLora,
+        &algorithm_overrides("dance_grpo").unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        c.preflight().unwrap().eval_sde_steps.as_slice(),
+        &(0..11).collect::<Vec<_>>()[..]
+    );
+}
+
+/// FDFO's section: `kind` alone takes the paper's SPO `ε` 0.03 and the raw reward difference;
+/// its preset passes preflight; without its churn pairs every missing piece is named at once;
+/// a DPO group below 2 is named once, by the geometry every algorithm shares.
+#[test]
+fn fdfo_defaults_and_its_pairs_refused_all_at_once() {
+    let c = shapes_recipe_with(&["algorithm={ kind = \"fdfo\" }"]);
+    let AlgorithmSection::Fdfo(f) = &c.algorithm else {
+        panic!("an FDFO section: {:?}", c.algorithm)
+    };
+    assert_eq!(f.eps, 0.03);
+    assert_eq!(f.advantage_std_mode, AdvantageStdMode::None);
+    let preset = TrainConfig::from_recipe(
+        RecipeName::ShapesWorldLora,
+        &algorithm_overrides("fdfo").unwrap(),
+    )
+    .unwrap();
+    assert!(preset.preflight().is_ok(), "{:?}", problems(&preset));
+    // the bare section on the recipe's groups of 8 from 8 x_T each, Flow-SDE, micro-batch 16
+    let text = problems(&shapes_recipe_with(&[
+        "algorithm={ kind = \"fdfo\" }",
+        "rollout.micro_batch_size=1",
+    ]));
+    for key in [
+        "rollout.group_size",
+        "rollout.shared_initial_noise",
+        "sampling.sde_type",
+        "rollout.micro_batch_size",
+    ] {
+        assert!(text.iter().any(|m| m.starts_with(key)), "{key}: {text:?}");
+    }
+    let text = problems(&shapes_recipe_with(&[
+        "algorithm={ kind = \"dpo\" }",
+        "sampling.eta=0.0",
+        "rollout.group_size=1",
+    ]));
+    assert_eq!(
+        text.iter()
+            .filter(|m| m.starts_with("rollout.group_size"))
+            .count(),
+        1,
+        "{text:?}"
+    );
+}
