@@ -121,8 +121,8 @@ impl RgbImage {
     ///
     /// # Errors
     /// [`RewardError::ImageChannels`] naming the shape when the tensor does not have 3
-    /// channels; [`RewardError::NonFiniteImage`] naming the image index of a NaN or an
-    /// infinity.
+    /// channels; [`RewardError::ImageSize`] naming the image index when a side is 0;
+    /// [`RewardError::NonFiniteImage`] naming the image index of a NaN or an infinity.
     pub fn batch_from_tensor<B: Backend>(images: Tensor<B, 4>) -> Result<Vec<Self>, RewardError> {
         let [b, c, h, w] = images.dims();
         if c != 3 {
@@ -147,6 +147,19 @@ impl RgbImage {
                             value,
                         }
                     }
+                    RewardError::ImageSize {
+                        width,
+                        height,
+                        expected,
+                        found,
+                        ..
+                    } => RewardError::ImageSize {
+                        index: i,
+                        width,
+                        height,
+                        expected,
+                        found,
+                    },
                     other => other,
                 })
             })
@@ -213,7 +226,7 @@ impl RgbImage {
 #[cfg(test)]
 mod tests {
     use burn::backend::Flex;
-    use burn::tensor::Tensor;
+    use burn::tensor::{Tensor, TensorData};
 
     use super::*;
 
@@ -238,5 +251,38 @@ mod tests {
         assert_eq!(images.len(), 2);
         assert_eq!((images[1].width(), images[1].height()), (3, 2));
         assert_eq!(images[1].pixel(2, 1), [255, 255, 255]);
+    }
+
+    #[test]
+    fn batch_from_tensor_names_the_image_that_fails() {
+        let device = Default::default();
+        let mut v = vec![0.5f32; 2 * 3 * 2 * 2];
+        v[12 + 5] = f32::NAN; // image 1, element 5
+        let t = Tensor::<Flex, 4>::from_data(TensorData::new(v, [2, 3, 2, 2]), &device);
+        let err = RgbImage::batch_from_tensor(t).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                RewardError::NonFiniteImage {
+                    index: 1,
+                    element: 5,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        let empty = Tensor::<Flex, 4>::zeros([2, 3, 0, 2], &device);
+        let err = RgbImage::batch_from_tensor(empty).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                RewardError::ImageSize {
+                    index: 0,
+                    height: 0,
+                    ..
+                }
+            ),
+            "{err}"
+        );
     }
 }
