@@ -698,3 +698,19 @@ fn every_preset_trains_the_shapes_world_end_to_end() {
         ]
     );
 }
+
+/// The tiny generator is keyed: written twice, with draws from burn's process-wide random
+/// stream before and between, it holds the same weights bit for bit (so the tests' numbers
+/// do not depend on which other test drew first).
+#[test]
+fn the_tiny_generator_is_the_same_in_every_process() {
+    use burn::tensor::{Distribution, Tensor};
+    let root = tempfile::tempdir().unwrap();
+    let dev = Default::default();
+    let _ = Tensor::<Flex, 1>::random([17], Distribution::Default, &dev);
+    let a = param_bits(&load_tiny_generator(&root.path().join("a")));
+    let _ = Tensor::<Flex, 1>::random([5], Distribution::Default, &dev);
+    let b = param_bits(&load_tiny_generator(&root.path().join("b")));
+    assert!(!a.is_empty());
+    assert_eq!(a, b);
+}

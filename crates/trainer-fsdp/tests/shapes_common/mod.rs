@@ -57,8 +57,70 @@ pub fn tiny_generator(dir: &Path) {
         .with_joint_attention_dim(16)
         .with_axes_dims_rope([2, 2, 4]);
     ShapesGenerator::<Flex>::init_with(&text, &dit, &dev)
+        .map(&mut Keyed {
+            index: 0,
+            embedding: 0,
+        })
         .save(dir)
         .unwrap();
+}
+
+/// Replaces every float parameter that burn initialised at random with keyed uniform values
+/// of the variance burn draws them at: `±1/sqrt(fan_in)` (the first dimension; a vector's
+/// length), and an embedding's unit normal as `±sqrt(3)`. The constant ones (norm scales,
+/// zero biases) stay. The tiny generator is then the same in every test process, whatever
+/// else draws from burn's process-wide random stream. Parameters are keyed by their order in
+/// the module, which its structure fixes.
+struct Keyed {
+    index: u64,
+    /// Inside an `Embedding` (depth of nesting there).
+    embedding: usize,
+}
+
+impl<Bk: Backend> burn::module::ModuleMapper<Bk> for Keyed {
+    fn enter_module(&mut self, _name: &str, container_type: &str) {
+        if container_type == "Struct:Embedding" || self.embedding > 0 {
+            self.embedding += 1;
+        }
+    }
+
+    fn exit_module(&mut self, _name: &str, _container_type: &str) {
+        self.embedding = self.embedding.saturating_sub(1);
+    }
+
+    fn map_float<const D: usize>(
+        &mut self,
+        param: burn::module::Param<burn::tensor::Tensor<Bk, D>>,
+    ) -> burn::module::Param<burn::tensor::Tensor<Bk, D>> {
+        let (id, tensor, mapper) = param.consume();
+        self.index += 1;
+        let dims = tensor.dims();
+        let values: Vec<f32> = tensor
+            .clone()
+            .into_data()
+            .convert::<f32>()
+            .to_vec()
+            .unwrap();
+        let constant = values.iter().all(|v| v.to_bits() == values[0].to_bits());
+        let out = if constant {
+            tensor
+        } else {
+            let bound = if self.embedding > 0 {
+                3f64.sqrt()
+            } else {
+                1.0 / (dims[0].max(1) as f64).sqrt()
+            };
+            let mut rng = keyed_rng::SplitMix64::new(keyed_rng::absorb(0x7E57_5EED, &[self.index]));
+            let keyed: Vec<f32> = (0..values.len())
+                .map(|_| rng.range_f64(-bound, bound) as f32)
+                .collect();
+            burn::tensor::Tensor::from_data(
+                burn::tensor::TensorData::new(keyed, dims),
+                &tensor.device(),
+            )
+        };
+        burn::module::Param::from_mapped_value(id, out, mapper)
+    }
 }
 
 /// [`tiny_generator`] written under `root/generator` and loaded back on the default device.
