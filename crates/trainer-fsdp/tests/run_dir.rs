@@ -329,6 +329,46 @@ fn a_resume_of_a_config_written_before_schedule_compat_compares_it_as_diffusers_
     assert_eq!(run.next_rollout(), 2);
 }
 
+/// A run directory from before `eval.sampling` evaluated deterministically: resuming it with
+/// `"ode"` (the shapes recipe's) is no change, with `"sde"` it is.
+#[test]
+fn a_resume_of_a_config_written_before_eval_sampling_compares_it_as_ode() {
+    let root = tempfile::tempdir().unwrap();
+    finished_run(root.path(), 2);
+    let resolved = run_dir(root.path()).join("config.resolved.toml");
+    let text = std::fs::read_to_string(&resolved).unwrap();
+    let older = text.replace("sampling = \"ode\"\n", "");
+    assert_ne!(
+        older, text,
+        "the resolved config names its evaluation's sampling"
+    );
+    std::fs::write(&resolved, older).unwrap();
+    let run = try_start(
+        root.path(),
+        4,
+        &["eval.interval=0", "checkpoint.resume=true"],
+    )
+    .unwrap();
+    assert_eq!(run.next_rollout(), 2);
+    drop(run);
+    let Err(err) = try_start(
+        root.path(),
+        4,
+        &[
+            "eval.interval=0",
+            "checkpoint.resume=true",
+            "eval.sampling=\"sde\"",
+        ],
+    ) else {
+        panic!("a resume that changed the evaluation's sampling started");
+    };
+    assert!(
+        err.to_string()
+            .contains("eval.sampling: \"ode\" -> \"sde\""),
+        "{err}"
+    );
+}
+
 #[test]
 fn a_bad_metrics_line_is_reported_before_the_first_rollout() {
     let root = tempfile::tempdir().unwrap();
