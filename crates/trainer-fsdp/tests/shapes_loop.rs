@@ -714,3 +714,30 @@ fn the_tiny_generator_is_the_same_in_every_process() {
     assert!(!a.is_empty());
     assert_eq!(a, b);
 }
+
+/// `eval.sampling = "sde"` reaches the run's evaluation: the same tiny generator evaluated by
+/// two runs differing in that key alone draws other pictures, and the noised evaluation
+/// repeats itself exactly.
+#[test]
+fn the_run_evaluates_with_the_sde_at_the_plans_steps_when_asked() {
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    tiny_generator(&a.path().join("generator"));
+    tiny_generator(&b.path().join("generator"));
+    let ode = start(a.path(), 1, &[], Box::new(Brightness));
+    let sde = start(
+        b.path(),
+        1,
+        &["eval.sampling=\"sde\""],
+        Box::new(Brightness),
+    );
+    let bytes = |r: &trainer_fsdp::EvalReport| -> Vec<u8> {
+        r.images
+            .iter()
+            .flat_map(|i| i.as_bytes().to_vec())
+            .collect()
+    };
+    let (plain, noised) = (ode.evaluate("a").unwrap(), sde.evaluate("a").unwrap());
+    assert_eq!(plain.samples, noised.samples);
+    assert_ne!(bytes(&plain), bytes(&noised));
+    assert_eq!(bytes(&noised), bytes(&sde.evaluate("b").unwrap()));
+}
