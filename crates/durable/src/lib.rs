@@ -28,7 +28,8 @@
 //! removal) and every [`crash_point`] another crate marks is numbered in order. Built with the
 //! `fault-injection` feature (crash tests only), a process whose environment sets
 //! `DURABLE_KILL_AT=<n>` sends itself SIGKILL just before step `n`, so a test can stop a run at
-//! every step of its protocol deterministically; [`fault::steps`] counts the steps taken.
+//! every step of its protocol deterministically; `fault::steps` (with the feature) counts the
+//! steps taken.
 //!
 //! ```
 //! let dir = tempfile::tempdir().unwrap();

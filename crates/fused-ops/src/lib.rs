@@ -2,7 +2,7 @@
 //!
 //! Each operation here has two implementations with one meaning:
 //!
-//! * a **generic composition** of burn tensor ops ([`reference`]), which runs on every burn
+//! * a **generic composition** of burn tensor ops ([`reference`](mod@reference)), which runs on every burn
 //!   backend (CUDA, wgpu, NdArray, …) and is differentiated by burn's autodiff op by op;
 //! * a **single-pass kernel** for burn's Flex CPU backend, forward and backward, used when the
 //!   tensor is a `f32` Flex tensor or an `f32` `Autodiff<Flex>` tensor.

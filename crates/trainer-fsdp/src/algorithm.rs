@@ -44,7 +44,8 @@ pub enum Recording {
 pub trait Algorithm<B: AutodiffBackend, W: World<B>>: Sync {
     /// What [`Algorithm::freeze`] keeps for the rollout's updates (e.g. the pi_old anchor).
     type Frozen: Sync;
-    /// One micro-batch's diagnostics, combined per update by [`Algorithm::update_metrics`].
+    /// One micro-batch's diagnostics, combined over the rollout's updates by
+    /// [`Algorithm::rollout_metrics`].
     type Diagnostics: Send;
 
     /// The algorithm's name, for messages and the run banner.

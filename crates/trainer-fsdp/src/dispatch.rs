@@ -1,6 +1,6 @@
 //! From a config to concrete types: the world its `model.generator` names and the algorithm
 //! its objective names, handed to a [`Job`] that is generic over both (the main example's job
-//! builds a [`Run`](crate::run::Run) and runs it).
+//! builds a [`Run`] and runs it).
 //!
 //! ```no_run
 //! use burn::backend::{Autodiff, Flex};
