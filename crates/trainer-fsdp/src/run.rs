@@ -1571,6 +1571,16 @@ where
                 names::TRAIN_CHECKPOINT_FAILURES.into(),
                 self.checkpoint_failures as f64,
             );
+            // the plan's draw is the same on every rank
+            let step = |s: Option<&usize>| s.map_or(f64::NAN, |&s| s as f64);
+            metrics.insert(
+                names::ROLLOUT_FIRST_TRAINED_STEP.into(),
+                step(batch.trained.iter().min()),
+            );
+            metrics.insert(
+                names::ROLLOUT_LAST_TRAINED_STEP.into(),
+                step(batch.trained.iter().max()),
+            );
             let reward_mean = metrics.get(&reward_metric).copied().unwrap_or(f64::NAN);
             self.next_rollout = id + 1;
             summary.last_rollout = Some(id);

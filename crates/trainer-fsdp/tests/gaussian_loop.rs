@@ -632,6 +632,11 @@ fn mix_grpo_trains_on_its_sliding_window() {
     seen.dedup();
     // the last rollouts kept on disk are past the first shift (6 steps, span [1, 5))
     assert_eq!(seen, vec![vec![2, 3]], "{seen:?}");
+    // the metrics follow the window: [1, 2] for rollouts 0-4, then [2, 3]
+    let first = logged(dir.path(), names::ROLLOUT_FIRST_TRAINED_STEP);
+    let last = logged(dir.path(), names::ROLLOUT_LAST_TRAINED_STEP);
+    assert_eq!(first, [1., 1., 1., 1., 1., 2., 2., 2.], "{first:?}");
+    assert_eq!(last, [2., 2., 2., 2., 2., 3., 3., 3.], "{last:?}");
     println!(
         "test mix_grpo_trains_on_its_sliding_window ... ok (held-out closeness {:.3} ± {:.3} -> {:.3} ± {:.3})",
         a.reward, a.stderr, b.reward, b.stderr

@@ -100,6 +100,13 @@ pub const TRAIN_VALUE_ADVANTAGE_STD: &str = "train/value_advantage_std";
 /// DPOK's learned value baseline: rows its replay buffer holds after the rollout.
 pub const TRAIN_VALUE_BUFFER_ROWS: &str = "train/value_buffer_rows";
 
+/// The lowest of the rollout's trained steps as the plan drew them (a per-rollout resample's
+/// draw, a sliding window's position; under deterministic rollouts, the training timesteps'
+/// steps); NaN when the plan drew none.
+pub const ROLLOUT_FIRST_TRAINED_STEP: &str = "rollout/first_trained_step";
+/// The highest of the rollout's trained steps (see [`ROLLOUT_FIRST_TRAINED_STEP`]).
+pub const ROLLOUT_LAST_TRAINED_STEP: &str = "rollout/last_trained_step";
+
 /// Metric names logged only when a configured term, option or algorithm produces them.
 pub const OPTIONAL: &[&str] = &[
     TRAIN_KL_REF,
@@ -157,6 +164,8 @@ pub const ALL: &[&str] = &[
     PERF_TRAIN_TRANSITIONS_PER_S,
     PERF_TRAIN_SAMPLES_PER_S,
     PERF_TRAIN_CPU_SECONDS,
+    ROLLOUT_FIRST_TRAINED_STEP,
+    ROLLOUT_LAST_TRAINED_STEP,
 ];
 
 /// `reward/<component>_<stat>`, e.g. `reward/pickscore_mean`.
@@ -233,6 +242,8 @@ pub fn rank_reduction(name: &str) -> RankReduction {
         TRAIN_CHECKPOINT_FAILURES,
         TRAIN_SAMPLER_DECAY,
         PERF_TRAIN_CPU_SECONDS,
+        ROLLOUT_FIRST_TRAINED_STEP,
+        ROLLOUT_LAST_TRAINED_STEP,
     ];
     const SUM: &[&str] = &[TRAIN_NUM_MICROBATCHES, TRAIN_DPO_PAIRS];
     if SAME.contains(&name) {
