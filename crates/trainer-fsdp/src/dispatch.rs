@@ -296,6 +296,29 @@ pub fn train<B: AutodiffBackend>(
     dispatch(cfg, pre, device, job)
 }
 
+/// [`train`] in a world the caller built (a world of one's own, or a configured one with
+/// another scorer): the configured algorithm ([`with_algorithm`]), the banner, [`Run::run`].
+///
+/// # Errors
+/// As [`Run::new`] / [`Run::run`].
+pub fn train_in<B: AutodiffBackend, W: World<B>>(
+    world: W,
+    cfg: &TrainConfig,
+    pre: &Preflight,
+    run_dir: &Path,
+    device: &B::Device,
+    stop: &StopFlag,
+) -> Result<RunSummary, TrainerError> {
+    let job = TrainJob::<B> {
+        cfg: cfg.clone(),
+        pre: pre.clone(),
+        run_dir: run_dir.to_path_buf(),
+        device: device.clone(),
+        stop: stop.clone(),
+    };
+    with_algorithm(pre, world, job)
+}
+
 /// [`train`]'s job.
 struct TrainJob<B: AutodiffBackend> {
     cfg: TrainConfig,

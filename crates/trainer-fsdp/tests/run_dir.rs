@@ -252,35 +252,35 @@ fn an_unchanged_resume_passes_the_config_check() {
     assert!(!run_dir(root.path()).join(CONFIG_CHANGES_FILE).exists());
 }
 
+/// A finished run of 2 rollouts in `root` whose stored config lacks `line`, as a run
+/// directory written before that key existed holds it.
+fn finished_run_without(root: &Path, line: &str) {
+    finished_run(root, 2);
+    let resolved = run_dir(root).join("config.resolved.toml");
+    let text = std::fs::read_to_string(&resolved).unwrap();
+    let older = text.replace(line, "");
+    assert_ne!(older, text, "the resolved config holds {line:?}");
+    std::fs::write(&resolved, older).unwrap();
+}
+
+/// A resume of the run in `root` to 4 rollouts, with `extra` overrides.
+fn resume(root: &Path, extra: &[&str]) -> Result<GaussianRun, TrainerError> {
+    let mut o = vec!["eval.interval=0", "checkpoint.resume=true"];
+    o.extend_from_slice(extra);
+    try_start(root, 4, &o)
+}
+
 #[test]
 fn a_resume_of_a_config_written_before_a_key_existed_compares_its_implied_value() {
     let root = tempfile::tempdir().unwrap();
-    finished_run(root.path(), 2);
     // a run directory from before `algorithm.anchor`: the key is absent from its config
-    let resolved = run_dir(root.path()).join("config.resolved.toml");
-    let text = std::fs::read_to_string(&resolved).unwrap();
-    let older = text.replace("anchor = \"replay\"\n", "");
-    assert_ne!(older, text, "the resolved config names its anchor");
-    std::fs::write(&resolved, older).unwrap();
+    finished_run_without(root.path(), "anchor = \"replay\"\n");
     // it ran with the replayed anchor: resuming with it is no change ...
-    let run = try_start(
-        root.path(),
-        4,
-        &["eval.interval=0", "checkpoint.resume=true"],
-    )
-    .unwrap();
+    let run = resume(root.path(), &[]).unwrap();
     assert_eq!(run.next_rollout(), 2);
     drop(run);
     // ... and resuming with the other one is
-    let Err(err) = try_start(
-        root.path(),
-        4,
-        &[
-            "eval.interval=0",
-            "checkpoint.resume=true",
-            "algorithm.anchor=\"rollout\"",
-        ],
-    ) else {
+    let Err(err) = resume(root.path(), &["algorithm.anchor=\"rollout\""]) else {
         panic!("a resume that changed the anchor started");
     };
     assert!(
@@ -295,20 +295,8 @@ fn a_resume_of_a_config_written_before_a_key_existed_compares_its_implied_value(
 #[test]
 fn a_resume_of_a_config_written_before_schedule_compat_compares_it_as_diffusers_0_35() {
     let root = tempfile::tempdir().unwrap();
-    finished_run(root.path(), 2);
-    let resolved = run_dir(root.path()).join("config.resolved.toml");
-    let text = std::fs::read_to_string(&resolved).unwrap();
-    let older = text.replace("schedule_compat = \"current\"\n", "");
-    assert_ne!(
-        older, text,
-        "the resolved config names its schedule arithmetic"
-    );
-    std::fs::write(&resolved, older).unwrap();
-    let Err(err) = try_start(
-        root.path(),
-        4,
-        &["eval.interval=0", "checkpoint.resume=true"],
-    ) else {
+    finished_run_without(root.path(), "schedule_compat = \"current\"\n");
+    let Err(err) = resume(root.path(), &[]) else {
         panic!("a resume that changed the schedule arithmetic started");
     };
     assert!(
@@ -316,14 +304,9 @@ fn a_resume_of_a_config_written_before_schedule_compat_compares_it_as_diffusers_
             .contains("sampling.schedule_compat: \"diffusers_0_35\" -> \"current\""),
         "{err}"
     );
-    let run = try_start(
+    let run = resume(
         root.path(),
-        4,
-        &[
-            "eval.interval=0",
-            "checkpoint.resume=true",
-            "sampling.schedule_compat=\"diffusers_0_35\"",
-        ],
+        &["sampling.schedule_compat=\"diffusers_0_35\""],
     )
     .unwrap();
     assert_eq!(run.next_rollout(), 2);
@@ -334,32 +317,11 @@ fn a_resume_of_a_config_written_before_schedule_compat_compares_it_as_diffusers_
 #[test]
 fn a_resume_of_a_config_written_before_eval_sampling_compares_it_as_ode() {
     let root = tempfile::tempdir().unwrap();
-    finished_run(root.path(), 2);
-    let resolved = run_dir(root.path()).join("config.resolved.toml");
-    let text = std::fs::read_to_string(&resolved).unwrap();
-    let older = text.replace("sampling = \"ode\"\n", "");
-    assert_ne!(
-        older, text,
-        "the resolved config names its evaluation's sampling"
-    );
-    std::fs::write(&resolved, older).unwrap();
-    let run = try_start(
-        root.path(),
-        4,
-        &["eval.interval=0", "checkpoint.resume=true"],
-    )
-    .unwrap();
+    finished_run_without(root.path(), "sampling = \"ode\"\n");
+    let run = resume(root.path(), &[]).unwrap();
     assert_eq!(run.next_rollout(), 2);
     drop(run);
-    let Err(err) = try_start(
-        root.path(),
-        4,
-        &[
-            "eval.interval=0",
-            "checkpoint.resume=true",
-            "eval.sampling=\"sde\"",
-        ],
-    ) else {
+    let Err(err) = resume(root.path(), &["eval.sampling=\"sde\""]) else {
         panic!("a resume that changed the evaluation's sampling started");
     };
     assert!(

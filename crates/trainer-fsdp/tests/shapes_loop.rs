@@ -382,23 +382,36 @@ fn the_kl_reference_is_the_pretrained_model() {
 
 /// A held-out evaluation of no seeds per prompt is refused with its own error, not run with
 /// one seed instead; one seed per prompt measures every held-out prompt once.
-#[test]
-fn an_evaluation_of_no_seeds_is_refused() {
-    use trainer_fsdp::rollout::SamplerSpec;
-    use trainer_fsdp::run::evaluate_policy;
-    let root = tempfile::tempdir().unwrap();
-    let model = load_tiny_generator(root.path());
-    let dev = Default::default();
+/// The tiny generator in `root`, its world, a Flow-SDE sampler over `sigmas` and the shapes
+/// component's weight: what the evaluation tests call `evaluate_policy` with.
+fn evaluation_fixture(
+    root: &Path,
+    sigmas: Vec<f32>,
+) -> (
+    trainer_fsdp::shapes_world::ShapesGenerator<Flex>,
+    trainer_fsdp::shapes_world::ShapesWorld<Flex>,
+    trainer_fsdp::rollout::SamplerSpec,
+    std::collections::BTreeMap<String, f64>,
+) {
+    let model = load_tiny_generator(root);
     let world =
-        trainer_fsdp::shapes_world::ShapesWorld::<Flex>::new(root.path(), model.text.clone())
-            .unwrap();
-    let spec = SamplerSpec {
-        sigmas: vec![1.0, 0.5, 0.0],
+        trainer_fsdp::shapes_world::ShapesWorld::<Flex>::new(root, model.text.clone()).unwrap();
+    let spec = trainer_fsdp::rollout::SamplerSpec {
+        sigmas,
         kernel: Some(sde_math::Kernel::flow_sde(0.7).unwrap()),
         solver: sde_math::solvers::OdeSolver::Euler,
         storage: sde_math::StorageDtype::F32,
     };
     let weights = std::collections::BTreeMap::from([("shapes".to_string(), 1.0)]);
+    (model, world, spec, weights)
+}
+
+#[test]
+fn an_evaluation_of_no_seeds_is_refused() {
+    use trainer_fsdp::run::evaluate_policy;
+    let root = tempfile::tempdir().unwrap();
+    let (model, world, spec, weights) = evaluation_fixture(root.path(), vec![1.0, 0.5, 0.0]);
+    let dev = Default::default();
     let eval = |k| {
         evaluate_policy::<burn::backend::Autodiff<Flex>, _>(
             &world,
@@ -434,18 +447,9 @@ fn a_noised_evaluation_is_reproducible_and_needs_a_kernel() {
     use trainer_fsdp::rollout::SamplerSpec;
     use trainer_fsdp::run::evaluate_policy;
     let root = tempfile::tempdir().unwrap();
-    let model = load_tiny_generator(root.path());
+    let (model, world, mut spec, weights) =
+        evaluation_fixture(root.path(), vec![1.0, 0.75, 0.5, 0.25, 0.0]);
     let dev = Default::default();
-    let world =
-        trainer_fsdp::shapes_world::ShapesWorld::<Flex>::new(root.path(), model.text.clone())
-            .unwrap();
-    let mut spec = SamplerSpec {
-        sigmas: vec![1.0, 0.75, 0.5, 0.25, 0.0],
-        kernel: Some(sde_math::Kernel::flow_sde(0.7).unwrap()),
-        solver: sde_math::solvers::OdeSolver::Euler,
-        storage: sde_math::StorageDtype::F32,
-    };
-    let weights = std::collections::BTreeMap::from([("shapes".to_string(), 1.0)]);
     let pictures = |spec: &SamplerSpec, noised: &[usize], seed: u64, threads: usize| {
         let (samples, _) = evaluate_policy::<burn::backend::Autodiff<Flex>, _>(
             &world,
@@ -566,45 +570,15 @@ fn training_prompts_are_distinct_held_out_free_and_bounded() {
     );
 }
 
-/// Trains a run of `cfg` in `world` with whichever algorithm `pre` names.
-struct TrainIn<'a> {
-    cfg: trainer_fsdp::TrainConfig,
-    pre: trainer_fsdp::Preflight,
-    dir: &'a Path,
-}
-
-impl trainer_fsdp::dispatch::Job<B> for TrainIn<'_> {
-    type Output = (String, trainer_fsdp::RunSummary);
-
-    fn run<W: World<B>, A: Algorithm<B, W>>(
-        self,
-        world: W,
-        algorithm: A,
-    ) -> Result<Self::Output, TrainerError> {
-        let name = algorithm.name().to_string();
-        let workers = trainer_fsdp::LocalWorkers::new(self.cfg.run.threads());
-        let mut run = trainer_fsdp::Run::new(
-            self.cfg,
-            self.pre,
-            self.dir,
-            Default::default(),
-            world,
-            algorithm,
-            workers,
-        )?;
-        Ok((name, run.run(&StopFlag::new())?))
-    }
-}
-
 /// Every method runs end to end on the shapes world by its preset, as `--algorithm NAME` of
-/// the main example composes it (the recipe, then the preset) and dispatches it: one rollout,
+/// the main example composes it (the recipe, then the preset) and trains it: one rollout,
 /// its updates, an evaluation before and after, a committed checkpoint, a finite loss. (The
 /// tiny random generator draws nothing the composition judge rewards, so a brightness score
 /// stands in for it, as in the other tests here.)
 #[test]
 fn every_preset_trains_the_shapes_world_end_to_end() {
     use trainer_fsdp::config::{ALGORITHM_NAMES, algorithm_overrides};
-    use trainer_fsdp::dispatch::with_algorithm;
+    use trainer_fsdp::dispatch::{train_in, with_algorithm};
     use trainer_fsdp::shapes_world::ShapesWorld;
     use trainer_fsdp::{Override, RecipeName, TrainConfig};
     let root = tempfile::tempdir().unwrap();
@@ -640,20 +614,19 @@ fn every_preset_trains_the_shapes_world_end_to_end() {
             .preflight()
             .unwrap_or_else(|e| panic!("{name}: preflight: {e}"));
         let dev = Default::default();
-        let world = ShapesWorld::<Flex>::load(&generator, &cfg.reward.scorers, &dev)
-            .unwrap()
-            .with_scorer(Box::new(Brightness));
-        let run_dir = dir.join("run");
-        let (algorithm, summary) = {
-            let _guard = RNG_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-            let job = TrainIn {
-                cfg: cfg.clone(),
-                pre: pre.clone(),
-                dir: &run_dir,
-            };
-            with_algorithm(&pre, world, job).unwrap_or_else(|e| panic!("{name}: {e}"))
+        let world = || {
+            ShapesWorld::<Flex>::load(&generator, &cfg.reward.scorers, &dev)
+                .unwrap()
+                .with_scorer(Box::new(Brightness))
         };
-        names_run.push(algorithm);
+        let run_dir = dir.join("run");
+        let summary = {
+            let _guard = RNG_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+            train_in::<B, _>(world(), &cfg, &pre, &run_dir, &dev, &StopFlag::new())
+                .unwrap_or_else(|e| panic!("{name}: {e}"))
+        };
+        let described = with_algorithm(&pre, world(), Describe).unwrap();
+        names_run.push(described.split(" / ").next().unwrap().to_string());
         assert_eq!(summary.last_rollout, Some(0), "{name}");
         for e in [summary.initial_eval, summary.final_eval] {
             let e = e.unwrap_or_else(|| panic!("{name}: an evaluation is missing"));
