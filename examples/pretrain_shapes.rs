@@ -21,6 +21,25 @@
 //! The defaults reproduce the committed weights (about 40 minutes on 2 CPU cores). A directory
 //! that already holds files (`--out`, or a snapshot's `step_<N>/`) is replaced only with
 //! `--overwrite`, and never the one `--init-from` loads; all of it is checked before training.
+//!
+//! A base that can draw but is misaligned, the way real models are (a long run, resumable):
+//!
+//! ```sh
+//! # captions dropped for classifier-free guidance, most captions wrong, an EMA of the weights;
+//! # the state is saved every 250 steps, and the same command goes on where a run stopped
+//! cargo run --release --example pretrain_shapes -- --init-from fixtures/shapes_world --seed 100 \
+//!     --steps 12000 --batch 64 --warmup 200 --lr-schedule cosine --min-lr 1e-5 \
+//!     --caption-noise 0.7 --caption-dropout 0.1 --ema 0.999 \
+//!     --eval-every 1000 --eval-guidance 4 --state runs/base/state --resume --out runs/base/final
+//! ```
+//!
+//! Every evaluation prints the held-out reward at guidance 1 (as the rollouts sample) and,
+//! with `--eval-guidance`, guided toward the empty prompt (the capability the generator has
+//! but does not use), each with the second judge's score (`reward::shapes::judge_rerendered`)
+//! and the median template margin of the drawn objects (how crisp they are:
+//! `reward::shapes::Detection::margin`); the run first prints the same of rendered scenes of
+//! the held-out prompts, the data's ceiling. Each evaluation's grid goes to `--samples` (or
+//! the state's `samples/`).
 
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -31,23 +50,30 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use burn::backend::{Autodiff, Flex};
-use burn::module::AutodiffModule;
+use burn::module::{AutodiffModule, Module};
 use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
+use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, Recorder};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 use clap::Parser;
 use keyed_rng::SplitMix64;
 use noise_recipe::{NoiseAlgorithm, NoiseRecipe};
+use reward::RgbImage;
 use reward::shapes::{self, Category, RenderOptions, SceneSpec};
 use schedule::{SchedulePolicy, SdeSteps};
 use sde_math::solvers::OdeSolver;
 use sde_math::{Kernel, StorageDtype};
+use serde::{Deserialize, Serialize};
+use trainer_fsdp::config::EvalGuidance;
+use trainer_fsdp::ema::blend;
+use trainer_fsdp::monitor::process_cpu_seconds;
 use trainer_fsdp::rollout::SamplerSpec;
 use trainer_fsdp::run::evaluate_policy;
 use trainer_fsdp::shapes_world::{
     ShapesGenerator, ShapesWorld, TOKEN_CHANNELS, TOKEN_GRID, eval_prompts, images_to_tensor, pack,
     pretrain_loss,
 };
+use trainer_fsdp::{sample_grid, upscale, write_png};
 
 type B = Autodiff<Flex>;
 
@@ -111,7 +137,99 @@ struct Args {
     /// Seed of the data, the noise and the initialisation.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Share of training captions replaced by the empty prompt, within [0, 1), so that the
+    /// generator also learns the unconditional velocity classifier-free guidance needs
+    /// (`eval.guidance` with the empty `negative_prompt`).
+    #[arg(long, default_value_t = 0.0)]
+    caption_dropout: f64,
+    /// Keep an exponential moving average of the weights with this decay, within (0, 1): the
+    /// evaluations, the snapshots and the generator written are the average. The decay
+    /// warms up as `min(decay, (1 + s) / (10 + s))` after step `s`.
+    #[arg(long)]
+    ema: Option<f64>,
+    /// Also evaluate with classifier-free guidance at this scale (> 1) against the empty
+    /// prompt, beside the unguided evaluation: the capability the unguided generator has
+    /// but does not use.
+    #[arg(long)]
+    eval_guidance: Option<f64>,
+    /// Keep the whole training state (weights with their optimizer ids, the optimizer, the
+    /// average, the step, the data stream) under this directory every `--state-every`
+    /// steps, so that `--resume` continues the run bit for bit where it stopped. The
+    /// newest `step_<N>/` is kept, its `generator/` a generator the trainer loads.
+    #[arg(long)]
+    state: Option<PathBuf>,
+    /// Steps between two saves of `--state`.
+    #[arg(long, default_value_t = 200)]
+    state_every: usize,
+    /// Continue from the newest state under `--state` (refused if it was written with other
+    /// training flags); without one, start afresh there.
+    #[arg(long)]
+    resume: bool,
+    /// Stop after this step with the state saved (needs `--state`), to go on later with
+    /// `--resume`: a long pretraining split across sessions. The schedule is still the one of
+    /// `--steps`.
+    #[arg(long)]
+    stop_at: Option<usize>,
+    /// Write a sample grid of each evaluation here (the first seed of every held-out prompt,
+    /// captioned); default `--state`'s `samples/` when there is one.
+    #[arg(long)]
+    samples: Option<PathBuf>,
 }
+
+/// The flags that change what is trained: a state is resumed only under the same ones.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct TrainingFlags {
+    steps: usize,
+    batch: usize,
+    lr: f64,
+    warmup: usize,
+    lr_schedule: String,
+    min_lr: Option<f64>,
+    init_from: Option<PathBuf>,
+    caption_noise: f64,
+    caption_dropout: f64,
+    ema: Option<f64>,
+    seed: u64,
+}
+
+impl TrainingFlags {
+    fn of(args: &Args) -> Self {
+        Self {
+            steps: args.steps,
+            batch: args.batch,
+            lr: args.lr,
+            warmup: args.warmup,
+            lr_schedule: format!("{:?}", args.lr_schedule).to_lowercase(),
+            min_lr: args.min_lr,
+            init_from: args.init_from.clone(),
+            caption_noise: args.caption_noise,
+            caption_dropout: args.caption_dropout,
+            ema: args.ema,
+            seed: args.seed,
+        }
+    }
+}
+
+/// `state.json` of a saved training state.
+#[derive(Debug, Serialize, Deserialize)]
+struct StateMeta {
+    /// Optimizer steps taken.
+    step: usize,
+    /// The data stream's state (the next scene's draw).
+    rng: u64,
+    /// The running loss.
+    running: f64,
+    /// CPU seconds of training (evaluations included) up to this state, over every process.
+    cpu_seconds: f64,
+    flags: TrainingFlags,
+}
+
+/// The files of one saved state.
+const STATE_META: &str = "state.json";
+const STATE_MODEL: &str = "model.mpk";
+const STATE_AVERAGE: &str = "average.mpk";
+const STATE_OPTIMIZER: &str = "optimizer.mpk";
+const STATE_GENERATOR: &str = "generator";
 
 /// The learning rate's shape after the warmup.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -173,6 +291,45 @@ fn check_args(args: &Args) -> Result<()> {
         (0.0..=1.0).contains(&args.caption_noise),
         "--caption-noise {}: expected a share of the captions within [0, 1]",
         args.caption_noise
+    );
+    anyhow::ensure!(
+        (0.0..1.0).contains(&args.caption_dropout),
+        "--caption-dropout {}: expected a share of the captions within [0, 1)",
+        args.caption_dropout
+    );
+    if let Some(decay) = args.ema {
+        anyhow::ensure!(
+            decay > 0.0 && decay < 1.0,
+            "--ema {decay}: expected a decay within (0, 1), such as 0.999"
+        );
+    }
+    if let Some(scale) = args.eval_guidance {
+        anyhow::ensure!(
+            scale.is_finite() && scale > 1.0,
+            "--eval-guidance {scale}: expected a finite scale above 1 (at 1 guidance changes \
+             nothing)"
+        );
+        anyhow::ensure!(
+            args.caption_dropout > 0.0 || args.init_from.is_some(),
+            "--eval-guidance {scale} guides toward the empty prompt, which a generator trained \
+             from scratch without --caption-dropout never saw; expected --caption-dropout above 0"
+        );
+    }
+    anyhow::ensure!(
+        args.state_every > 0,
+        "--state-every 0 would never save the state; expected at least 1 step"
+    );
+    if let Some(stop) = args.stop_at {
+        anyhow::ensure!(
+            args.state.is_some() && stop > 0 && stop < args.steps,
+            "--stop-at {stop} stops with the state saved to go on later: expected --state and \
+             a step within [1, --steps {})",
+            args.steps
+        );
+    }
+    anyhow::ensure!(
+        !args.resume || args.state.is_some(),
+        "--resume continues from the state under --state, and no --state was given"
     );
     anyhow::ensure!(
         args.eval_samples > 0,
@@ -268,28 +425,202 @@ fn caption(spec: &SceneSpec, category: Category, rng: &mut SplitMix64, p: f64) -
     }
 }
 
+type Model = ShapesGenerator<B>;
+type Adam = burn::optim::adaptor::OptimizerAdaptor<burn::optim::AdamW, Model, B>;
+type Bytes = NamedMpkBytesRecorder<FullPrecisionSettings>;
+
+/// The newest saved state under `dir` (`step_<N>/` with the largest `N`), if any.
+fn newest_state(dir: &Path) -> Result<Option<(usize, PathBuf)>> {
+    let entries = match std::fs::read_dir(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        other => other.with_context(|| format!("--state {}: listing it", dir.display()))?,
+    };
+    let mut best: Option<(usize, PathBuf)> = None;
+    for e in entries {
+        let e = e.with_context(|| format!("--state {}: listing it", dir.display()))?;
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(n) = name
+            .strip_prefix("step_")
+            .and_then(|n| n.parse::<usize>().ok())
+        else {
+            continue;
+        };
+        if e.path().join(STATE_META).is_file() && best.as_ref().is_none_or(|(b, _)| n > *b) {
+            best = Some((n, e.path()));
+        }
+    }
+    Ok(best)
+}
+
+/// Saves the training state as `dir/step_<meta.step>/` (written under a temporary name, then
+/// renamed, so a state directory is whole or absent), then removes the older ones.
+fn save_state(
+    dir: &Path,
+    model: &Model,
+    optim: &Adam,
+    average: &Model,
+    meta: &StateMeta,
+) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let dest = dir.join(format!("step_{}", meta.step));
+    let tmp = dir.join(format!("step_{}.tmp", meta.step));
+    if tmp.exists() {
+        durable::remove_dir_all(&tmp)?;
+    }
+    std::fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+    let model_bytes = Bytes::default()
+        .record(model.clone().into_record(), ())
+        .context("encoding the weights")?;
+    durable::write_atomic(&tmp.join(STATE_MODEL), &model_bytes)?;
+    let average_bytes = Bytes::default()
+        .record(average.clone().into_record(), ())
+        .context("encoding the average")?;
+    durable::write_atomic(&tmp.join(STATE_AVERAGE), &average_bytes)?;
+    let optim_bytes = Bytes::default()
+        .record(optim.to_record(), ())
+        .context("encoding the optimizer")?;
+    durable::write_atomic(&tmp.join(STATE_OPTIMIZER), &optim_bytes)?;
+    average.valid().save(&tmp.join(STATE_GENERATOR))?;
+    durable::write_atomic(&tmp.join(STATE_META), &serde_json::to_vec_pretty(meta)?)?;
+    durable::sync_dir(&tmp)?;
+    if dest.exists() {
+        durable::remove_dir_all(&dest)?;
+    }
+    std::fs::rename(&tmp, &dest)
+        .with_context(|| format!("renaming {} to {}", tmp.display(), dest.display()))?;
+    durable::sync_dir(dir)?;
+    for e in std::fs::read_dir(dir)? {
+        let path = e?.path();
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+        let older = name
+            .as_deref()
+            .and_then(|n| n.strip_prefix("step_"))
+            .and_then(|n| n.parse::<usize>().ok())
+            .is_some_and(|n| n < meta.step);
+        if older {
+            durable::remove_dir_all(&path)?;
+        }
+    }
+    Ok(())
+}
+
+/// A saved state: the model and the average (the model itself without `--ema`) with their
+/// parameter ids, the optimizer and the metadata.
+fn load_state(
+    path: &Path,
+    args: &Args,
+    dev: &burn::tensor::Device<B>,
+) -> Result<(Model, Adam, Model, StateMeta)> {
+    let meta_path = path.join(STATE_META);
+    let meta: StateMeta = serde_json::from_slice(
+        &std::fs::read(&meta_path).with_context(|| format!("reading {}", meta_path.display()))?,
+    )
+    .with_context(|| format!("parsing {}", meta_path.display()))?;
+    let flags = TrainingFlags::of(args);
+    anyhow::ensure!(
+        meta.flags == flags,
+        "--resume: the state {} was trained with {:?}, this command asks for {:?}; expected the \
+         same training flags (or another --state)",
+        path.display(),
+        meta.flags,
+        flags
+    );
+    // the generator directory gives the shapes; the records the values and parameter ids
+    let generator_dir = path.join(STATE_GENERATOR);
+    let skeleton = Model::load(&generator_dir, dev)
+        .with_context(|| format!("loading {}", generator_dir.display()))?;
+    let module = |name: &str| -> Result<Model> {
+        let bytes_path = path.join(name);
+        let record = Bytes::default()
+            .load(
+                std::fs::read(&bytes_path)
+                    .with_context(|| format!("reading {}", bytes_path.display()))?,
+                dev,
+            )
+            .with_context(|| format!("decoding {}", bytes_path.display()))?;
+        Ok(skeleton.clone().load_record(record))
+    };
+    let model = module(STATE_MODEL)?;
+    let generator = module(STATE_AVERAGE)?;
+    let optim_path = path.join(STATE_OPTIMIZER);
+    let record = Bytes::default()
+        .load(
+            std::fs::read(&optim_path)
+                .with_context(|| format!("reading {}", optim_path.display()))?,
+            dev,
+        )
+        .with_context(|| format!("decoding {}", optim_path.display()))?;
+    let optim = new_optimizer().load_record(record);
+    Ok((model, optim, generator, meta))
+}
+
+fn new_optimizer() -> Adam {
+    AdamWConfig::new()
+        .with_weight_decay(0.01)
+        .init::<B, ShapesGenerator<B>>()
+}
+
 fn main() -> Result<()> {
     let args = Args::parse();
     check_args(&args)?;
     check_destinations(&args)?;
+    if let (Some(dir), false) = (&args.state, args.resume) {
+        anyhow::ensure!(
+            newest_state(dir)?.is_none() || args.overwrite,
+            "--state {} already holds a training state; pass --resume to continue it, \
+             --overwrite to start afresh there, or another --state",
+            dir.display()
+        );
+    }
     let dev = Default::default();
     B::seed(&dev, args.seed);
     let held_out: Vec<String> = eval_prompts();
-    let mut model = match &args.init_from {
-        Some(dir) => ShapesGenerator::<B>::load(dir, &dev)
-            .with_context(|| format!("loading the generator to continue from {}", dir.display()))?,
-        None => ShapesGenerator::<B>::init(&dev),
-    };
-    let mut optim = AdamWConfig::new()
-        .with_weight_decay(0.01)
-        .init::<B, ShapesGenerator<B>>();
     // the evaluation's 12-step sampling schedule, as the trainer's
     let eval_sigmas = SchedulePolicy::qwen_image()
         .sample_sigmas(32, 32, 12)?
         .sigmas
         .into_vec();
-    // SplitMix64: the data order's generator (deterministic, platform-independent)
-    let mut rng = SplitMix64::new(args.seed ^ 0x5EED);
+    let resumed = match (&args.state, args.resume) {
+        (Some(dir), true) => newest_state(dir)?,
+        _ => None,
+    };
+    // the model, its optimizer, the average, the first step, the data stream, the running
+    // loss, CPU seconds before this process
+    let (mut model, mut optim, mut average, first, mut rng, mut running, cpu_before) =
+        match &resumed {
+            Some((_, path)) => {
+                let (model, optim, generator, meta) = load_state(path, &args, &dev)?;
+                println!(
+                    "resuming {} at step {} ({:.0} CPU s so far)",
+                    path.display(),
+                    meta.step,
+                    meta.cpu_seconds
+                );
+                (
+                    model,
+                    optim,
+                    generator,
+                    meta.step,
+                    SplitMix64::new(meta.rng),
+                    meta.running,
+                    meta.cpu_seconds,
+                )
+            }
+            None => {
+                let model = match &args.init_from {
+                    Some(dir) => ShapesGenerator::<B>::load(dir, &dev).with_context(|| {
+                        format!("loading the generator to continue from {}", dir.display())
+                    })?,
+                    None => ShapesGenerator::<B>::init(&dev),
+                };
+                // the average shares the model's parameter ids, by which `blend` pairs them
+                let average = model.clone();
+                // SplitMix64: the data order's generator (deterministic, platform-independent)
+                let rng = SplitMix64::new(args.seed ^ 0x5EED);
+                (model, new_optimizer(), average, 0, rng, 0.0, 0.0)
+            }
+        };
+    let cpu_start = process_cpu_seconds();
     let noise = NoiseRecipe::new(
         args.seed,
         vec![TOKEN_GRID * TOKEN_GRID, TOKEN_CHANNELS],
@@ -298,7 +629,7 @@ fn main() -> Result<()> {
     )?;
     let start = Instant::now();
     println!(
-        "pretraining the shapes world generator{}: {} steps x {} scenes, lr {} ({:?} after {} warmup steps), caption noise {}",
+        "pretraining the shapes world generator{}: {} steps x {} scenes, lr {} ({:?} after {} warmup steps), caption noise {}, caption dropout {}, EMA {}",
         args.init_from
             .as_ref()
             .map_or(String::new(), |d| format!(" from {}", d.display())),
@@ -307,14 +638,16 @@ fn main() -> Result<()> {
         args.lr,
         args.lr_schedule,
         args.warmup,
-        args.caption_noise
+        args.caption_noise,
+        args.caption_dropout,
+        args.ema.map_or("off".to_string(), |d| d.to_string()),
     );
+    ceiling(&held_out, &args)?;
     // the starting point, when there is one to train on (`--steps 0` only measures it)
-    if args.init_from.is_some() && args.steps > 0 {
-        evaluate(&model.valid(), &eval_sigmas, &args)?;
+    if args.init_from.is_some() && args.steps > 0 && resumed.is_none() {
+        evaluate(&average.valid(), &eval_sigmas, &args, "start")?;
     }
-    let mut running = 0.0;
-    for step in 0..args.steps {
+    for step in first..args.steps {
         let mut images = Vec::with_capacity(args.batch);
         let mut prompts = Vec::with_capacity(args.batch);
         while images.len() < args.batch {
@@ -324,7 +657,10 @@ fn main() -> Result<()> {
                 continue;
             }
             images.push(shapes::render(&spec, rng.next_u64(), &RenderOptions::default())?.image);
-            prompts.push(caption(&spec, category, &mut rng, args.caption_noise));
+            let text = caption(&spec, category, &mut rng, args.caption_noise);
+            // the draw only with dropout on, so that runs without it keep their data stream
+            let dropped = args.caption_dropout > 0.0 && rng.unit_f64() < args.caption_dropout;
+            prompts.push(if dropped { String::new() } else { text });
         }
         let x0 = pack(images_to_tensor::<B>(&images, &dev));
         let eps_values: Vec<f32> = (0..args.batch)
@@ -361,37 +697,154 @@ fn main() -> Result<()> {
         let grads = GradientsParams::from_grads(loss.backward(), &model);
         let lr = learning_rate(&args, step);
         model = optim.step(lr, model, grads);
+        average = match args.ema {
+            Some(decay) => {
+                let s = (step + 1) as f64;
+                blend::<B, _>(average, &model, decay.min((1.0 + s) / (10.0 + s)))
+            }
+            None => model.clone(),
+        };
+        let cpu = cpu_before + process_cpu_seconds() - cpu_start;
         if (step + 1) % 50 == 0 {
             println!(
-                "step {:>5}/{}  loss {running:.4}  lr {lr:.2e}  {:.0} s",
+                "step {:>5}/{}  loss {running:.4}  lr {lr:.2e}  {:.0} s  {cpu:.0} CPU s",
                 step + 1,
                 args.steps,
                 start.elapsed().as_secs_f64()
             );
         }
         if args.eval_every > 0 && (step + 1) % args.eval_every == 0 && step + 1 < args.steps {
-            let snapshot = model.valid();
-            evaluate(&snapshot, &eval_sigmas, &args)?;
+            let snapshot = average.valid();
+            evaluate(
+                &snapshot,
+                &eval_sigmas,
+                &args,
+                &format!("step_{:05}", step + 1),
+            )?;
             if let Some(dir) = &args.snapshots {
                 snapshot.save(&dir.join(format!("step_{}", step + 1)))?;
             }
         }
+        let stop_here = args.stop_at == Some(step + 1);
+        if let Some(dir) = &args.state
+            && ((step + 1) % args.state_every == 0 || step + 1 == args.steps || stop_here)
+        {
+            let meta = StateMeta {
+                step: step + 1,
+                rng: rng.state(),
+                running,
+                cpu_seconds: cpu_before + process_cpu_seconds() - cpu_start,
+                flags: TrainingFlags::of(&args),
+            };
+            save_state(dir, &model, &optim, &average, &meta)?;
+        }
+        if stop_here {
+            println!(
+                "stopped at step {} of {} with the state saved under {}; the same command \
+                 with --resume (and without --stop-at, or a later one) goes on",
+                step + 1,
+                args.steps,
+                args.state.as_ref().expect("checked").display()
+            );
+            return Ok(());
+        }
     }
-    let base = model.valid();
-    let reward = evaluate(&base, &eval_sigmas, &args)?;
+    let base = average.valid();
+    let reward = evaluate(&base, &eval_sigmas, &args, "final")?;
     base.save(&args.out)
         .with_context(|| format!("saving to {}", args.out.display()))?;
     println!(
-        "wrote {} after {:.1} min; held-out reward of the base (deterministic sampling, 12 steps): {reward:.3}",
+        "wrote {} after {:.1} min ({:.0} training CPU s in all); held-out reward of the base \
+         (deterministic sampling, 12 steps): {reward:.3}",
         args.out.display(),
-        start.elapsed().as_secs_f64() / 60.0
+        start.elapsed().as_secs_f64() / 60.0,
+        cpu_before + process_cpu_seconds() - cpu_start
+    );
+    Ok(())
+}
+
+/// The median of `values` (NaN for none).
+fn median(mut values: Vec<f64>) -> f64 {
+    if values.is_empty() {
+        return f64::NAN;
+    }
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    if n % 2 == 1 {
+        values[n / 2]
+    } else {
+        0.5 * (values[n / 2 - 1] + values[n / 2])
+    }
+}
+
+/// How crisp drawings are: the median lead of every detected object's best template fit over
+/// its second best ([`reward::shapes::Detection::margin`]), and the number of objects.
+fn crispness(images: &[RgbImage]) -> (f64, usize) {
+    let margins: Vec<f64> = images
+        .iter()
+        .flat_map(|im| shapes::detect(im).into_iter().map(|d| d.margin()))
+        .collect();
+    let n = margins.len();
+    (median(margins), n)
+}
+
+/// The second judge's ([`shapes::judge_rerendered`]) mean over held-out samples, prompt-major
+/// with `k` seeds a prompt.
+fn second_judge(samples: &[RgbImage], k: usize) -> Result<f64> {
+    let prompts = eval_prompts();
+    let mut total = 0.0;
+    for (i, image) in samples.iter().enumerate() {
+        total += shapes::judge_rerendered(&SceneSpec::parse(&prompts[i / k])?, image).score;
+    }
+    Ok(total / samples.len() as f64)
+}
+
+/// The judge on rendered scenes of the held-out prompts (`--eval-samples` renders each):
+/// the data's ceiling, and the template margin of clean drawings.
+fn ceiling(held_out: &[String], args: &Args) -> Result<()> {
+    let (mut scores, mut second, mut images) = (Vec::new(), Vec::new(), Vec::new());
+    for (i, p) in held_out.iter().enumerate() {
+        let spec = SceneSpec::parse(p)?;
+        for k in 0..args.eval_samples {
+            let seed = keyed_rng::absorb(0xCE11_0000, &[i as u64, k as u64]);
+            let image = shapes::render(&spec, seed, &RenderOptions::default())?.image;
+            scores.push(shapes::judge(&spec, &image).score);
+            second.push(shapes::judge_rerendered(&spec, &image).score);
+            images.push(image);
+        }
+    }
+    let mean = scores.iter().sum::<f64>() / scores.len() as f64;
+    let second = second.iter().sum::<f64>() / second.len() as f64;
+    let (margin, n) = crispness(&images);
+    println!(
+        "  rendered held-out scenes (the data's ceiling): reward {mean:.3}, second judge \
+         {second:.3}, median template margin {margin:.3} over {n} objects"
     );
     Ok(())
 }
 
 /// Deterministic 12-step sampling of the held-out prompts (`--eval-samples` seeds each), the
-/// same evaluation the trainer runs, and its mean reward.
-fn evaluate(model: &ShapesGenerator<Flex>, sigmas: &[f32], args: &Args) -> Result<f64> {
+/// same evaluation the trainer runs, and its mean reward; with `--eval-guidance`, the same
+/// guided as well. Prints each with its crispness and writes its grid (`tag` names it).
+fn evaluate(model: &ShapesGenerator<Flex>, sigmas: &[f32], args: &Args, tag: &str) -> Result<f64> {
+    let unguided = evaluate_with(model, sigmas, args, None, tag)?;
+    if let Some(scale) = args.eval_guidance {
+        let guidance = EvalGuidance {
+            scale,
+            negative_prompt: String::new(),
+        };
+        evaluate_with(model, sigmas, args, Some(&guidance), tag)?;
+    }
+    Ok(unguided)
+}
+
+fn evaluate_with(
+    model: &ShapesGenerator<Flex>,
+    sigmas: &[f32],
+    args: &Args,
+    guidance: Option<&EvalGuidance>,
+    tag: &str,
+) -> Result<f64> {
     let spec = SamplerSpec {
         sigmas: sigmas.to_vec(),
         kernel: Some(Kernel::flow_sde(0.7)?),
@@ -399,7 +852,7 @@ fn evaluate(model: &ShapesGenerator<Flex>, sigmas: &[f32], args: &Args) -> Resul
         storage: StorageDtype::F32,
     };
     let world = ShapesWorld::<Flex>::new(Path::new("."), model.text.clone())?;
-    let (_, stats) = evaluate_policy::<B, _>(
+    let (samples, stats) = evaluate_policy::<B, _>(
         &world,
         &model.dit,
         &spec,
@@ -407,7 +860,7 @@ fn evaluate(model: &ShapesGenerator<Flex>, sigmas: &[f32], args: &Args) -> Resul
         args.eval_samples,
         args.eval_seed.unwrap_or(args.seed),
         &BTreeMap::from([("shapes".to_string(), 1.0)]),
-        None,
+        guidance,
         std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
         &Default::default(),
     )?;
@@ -416,11 +869,42 @@ fn evaluate(model: &ShapesGenerator<Flex>, sigmas: &[f32], args: &Args) -> Resul
         .iter()
         .map(|(k, v)| format!("{k} {v:.2}"))
         .collect();
+    let (margin, n) = crispness(&samples);
+    let second = second_judge(&samples, args.eval_samples)?;
+    let how = guidance.map_or("guidance 1".to_string(), |g| {
+        format!("guidance {}", g.scale)
+    });
     println!(
-        "  held-out reward {:.3} ± {:.3}  ({})",
+        "  held-out reward at {how}: {:.3} ± {:.3}  ({}); second judge {second:.3}; median \
+         template margin {margin:.3} over {n} objects",
         stats.mean,
         stats.stderr,
         cats.join(", ")
     );
+    let dir = args
+        .samples
+        .clone()
+        .or_else(|| args.state.as_ref().map(|s| s.join("samples")));
+    if let Some(dir) = dir {
+        let k = args.eval_samples;
+        let tiles: Vec<image::RgbImage> = samples
+            .iter()
+            .step_by(k)
+            .map(|i| {
+                let tile = image::RgbImage::from_raw(
+                    i.width() as u32,
+                    i.height() as u32,
+                    i.as_bytes().to_vec(),
+                )
+                .expect("an RGB image's bytes");
+                upscale(&tile, 4)
+            })
+            .collect();
+        let captions = eval_prompts();
+        let grid = sample_grid(&tiles, Some(&captions[..tiles.len()]), 8)?;
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let suffix = guidance.map_or("g1".to_string(), |g| format!("cfg{}", g.scale));
+        write_png(&dir.join(format!("eval_{tag}_{suffix}.png")), &grid)?;
+    }
     Ok(stats.mean)
 }

@@ -331,8 +331,14 @@ fn main() -> Result<()> {
                 .join(" ");
                 durable::write_atomic(&table_path, table.markdown(&command, &machine()).as_bytes())
                     .with_context(|| format!("writing {}", table_path.display()))?;
+                let second = table.second_gain.map_or(String::new(), |g| {
+                    format!(
+                        "; second judge: gain mean {:+.3}, min {:+.3}, max {:+.3}",
+                        g.mean, g.min, g.max
+                    )
+                });
                 println!(
-                    "seeds so far: gain mean {:+.3}, min {:+.3}, max {:+.3} ({})",
+                    "seeds so far: gain mean {:+.3}, min {:+.3}, max {:+.3}{second} ({})",
                     table.gain.mean,
                     table.gain.min,
                     table.gain.max,
@@ -460,10 +466,18 @@ fn report(summary: &RunSummary, run_dir: &Path) {
         run_dir.display()
     );
     match (summary.initial_eval, summary.final_eval) {
-        (Some(a), Some(b)) => println!(
-            "held-out reward: {:.3} ± {:.3} -> {:.3} ± {:.3}",
-            a.reward, a.stderr, b.reward, b.stderr
-        ),
+        (Some(a), Some(b)) => {
+            println!(
+                "held-out reward: {:.3} ± {:.3} -> {:.3} ± {:.3}",
+                a.reward, a.stderr, b.reward, b.stderr
+            );
+            if let (Some(x), Some(y)) = (a.second, b.second) {
+                println!(
+                    "second judge:    {:.3} ± {:.3} -> {:.3} ± {:.3}",
+                    x.0, x.1, y.0, y.1
+                );
+            }
+        }
         _ => println!("held-out reward: not evaluated (eval.interval = 0)"),
     }
 }

@@ -81,7 +81,7 @@ pub fn with_world<B: AutodiffBackend, J: WorldJob<B>>(
 ) -> Result<J::Output, TrainerError> {
     match &cfg.model.generator {
         GeneratorSource::ShapesWorld { dir } => {
-            let world = ShapesWorld::<B::InnerBackend>::load(dir, &cfg.reward.scorers, device)?
+            let world = ShapesWorld::<B::InnerBackend>::load(dir, &cfg.all_scorers(), device)?
                 .with_prompt_files(&cfg.data)?;
             job.run(world)
         }
@@ -95,7 +95,7 @@ pub fn with_world<B: AutodiffBackend, J: WorldJob<B>>(
                 cfg.model.weight_dtype(),
                 &cfg.sampling,
                 &cfg.data,
-                &cfg.reward.scorers,
+                &cfg.all_scorers(),
                 device,
             )?;
             job.run(world)

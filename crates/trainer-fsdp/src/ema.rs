@@ -33,7 +33,7 @@ use std::collections::HashMap;
 
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::tensor::backend::Backend;
-use burn::tensor::{DType, Tensor};
+use burn::tensor::{DType, ElementConversion, Tensor};
 
 /// How the decay grows over the first optimizer steps.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -238,6 +238,54 @@ pub fn blend<B: Backend, M: Module<B>>(target: M, source: &M, decay: f64) -> M {
         decay,
     };
     target.map(&mut mix)
+}
+
+/// How far `after` moved from `before`: `|after - before| / |before|`, the L2 norms taken over
+/// every trainable float parameter of `before` that `after` has (paired by [`ParamId`], as
+/// the copies of one module are); 0 when neither has any, infinite when only the change is
+/// non-zero.
+///
+/// ```
+/// use burn::backend::{Autodiff, Flex};
+/// use burn::module::{Module, Param};
+/// use burn::tensor::Tensor;
+/// type B = Autodiff<Flex>;
+/// #[derive(Module, Debug)]
+/// struct W<B: burn::tensor::backend::Backend> {
+///     w: Param<Tensor<B, 1>>,
+/// }
+/// let dev = Default::default();
+/// let trained = |v: [f32; 2]| Tensor::<B, 1>::from_floats(v, &dev).require_grad();
+/// let a = W::<B> { w: Param::from_tensor(trained([3.0, 4.0])) };
+/// // the same parameter (its id) moved by 0.5 in each coordinate
+/// let b = W::<B> { w: Param::initialized(a.w.id, trained([3.5, 4.5])) };
+/// let change = trainer_fsdp::ema::relative_change::<B, _>(&a, &b);
+/// assert!((change - 0.5f64.hypot(0.5) / 5.0).abs() < 1e-6, "{change}");
+/// ```
+pub fn relative_change<B: Backend, M: Module<B>>(before: &M, after: &M) -> f64 {
+    let flat = |m: &M| {
+        let mut c = CollectFlat::<B> {
+            values: HashMap::new(),
+        };
+        m.visit(&mut c);
+        c.values
+    };
+    let (old, mut new) = (flat(before), flat(after));
+    let (mut moved, mut norm) = (0.0f64, 0.0f64);
+    for (id, t) in old {
+        let Some(n) = new.remove(&id) else {
+            continue;
+        };
+        let t = t.cast(DType::F32);
+        let d = n.cast(DType::F32) - t.clone();
+        moved += d.clone().mul(d).sum().into_scalar().elem::<f64>();
+        norm += t.clone().mul(t).sum().into_scalar().elem::<f64>();
+    }
+    if moved == 0.0 {
+        0.0
+    } else {
+        (moved / norm).sqrt()
+    }
 }
 
 /// The trainable float parameters of a module, flattened, by id.

@@ -355,6 +355,19 @@ pub enum TrainerError {
     )]
     NoEvalSamples,
 
+    /// A component of `eval.judges` was missing from a held-out sample's scores.
+    #[error(
+        "eval.judges asks for component {component:?}, which the scorers of the {world} did \
+         not give every held-out sample; expected a world scoring with reward.scorers and \
+         eval.judges together (TrainConfig::all_scorers), or eval.judges = []"
+    )]
+    EvalJudgeMissing {
+        /// The component.
+        component: String,
+        /// The world, as it names itself.
+        world: String,
+    },
+
     /// An evaluation was asked to take SDE transitions under a sampler without a kernel.
     #[error(
         "an evaluation with SDE transitions at steps {steps:?} needs the rollouts' kernel, and this \

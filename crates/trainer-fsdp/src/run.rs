@@ -134,11 +134,14 @@ pub struct EvalReport {
     pub images: Vec<RgbImage>,
     /// Wall-clock seconds of the evaluation (sampling, scoring, the grid).
     pub seconds: f64,
+    /// The mean and standard error of every component of `eval.judges`' scorers over the
+    /// same samples.
+    pub judges: BTreeMap<String, (f64, f64)>,
 }
 
 impl EvalReport {
-    /// The evaluation's metrics: `eval/reward`, `eval/reward_se`, `eval/category/<c>` and
-    /// `perf/eval_time`.
+    /// The evaluation's metrics: `eval/reward`, `eval/reward_se`, `eval/category/<c>`,
+    /// `eval/judge/<component>` and `eval/judge/<component>_se`, and `perf/eval_time`.
     pub fn metrics(&self) -> Metrics {
         let mut m = Metrics::from([
             (EVAL_REWARD.to_string(), self.reward),
@@ -148,14 +151,19 @@ impl EvalReport {
         for (c, v) in &self.by_category {
             m.insert(eval_category(c), *v);
         }
+        for (c, (mean, se)) in &self.judges {
+            m.insert(names::eval_judge(c), *mean);
+            m.insert(format!("{}_se", names::eval_judge(c)), *se);
+        }
         m
     }
 
-    /// Its mean and standard error.
+    /// Its mean and standard error, and the second judge's.
     pub fn summary(&self) -> EvalSummary {
         EvalSummary {
             reward: self.reward,
             stderr: self.stderr,
+            second: self.judges.values().next().copied(),
         }
     }
 }
@@ -192,6 +200,9 @@ pub struct EvalSummary {
     pub reward: f64,
     /// Its standard error ([`EvalReport::stderr`]).
     pub stderr: f64,
+    /// The second judgement's mean and standard error: the first component, by name, of
+    /// `eval.judges` ([`EvalReport::judges`]); `None` without judges.
+    pub second: Option<(f64, f64)>,
 }
 
 /// What a rollout's sampling fingerprint covers besides the sigmas: a sidecar sampled with
@@ -1345,6 +1356,20 @@ where
             std::fs::create_dir_all(&dir).map_err(io_err(&dir, "create the samples directory"))?;
             write_png(&dir.join(format!("eval_{tag}.png")), &grid)?;
         }
+        let judges = self
+            .cfg
+            .eval
+            .judges
+            .iter()
+            .flat_map(|j| j.components())
+            .map(|c| match stats.components.get(&c) {
+                Some(&s) => Ok((c, s)),
+                None => Err(TrainerError::EvalJudgeMissing {
+                    component: c,
+                    world: self.world.name(),
+                }),
+            })
+            .collect::<Result<_, _>>()?;
         Ok(EvalReport {
             reward: stats.mean,
             stderr: stats.stderr,
@@ -1352,6 +1377,7 @@ where
             samples: samples.len(),
             images,
             seconds: start.elapsed().as_secs_f64(),
+            judges,
         })
     }
 
@@ -1407,7 +1433,22 @@ where
                     .copied()
                     .flatten()
                     .unwrap_or(f64::NAN);
-                Some(EvalSummary { reward, stderr })
+                // the first judge by name, as `EvalReport::summary` takes it
+                let judge = r
+                    .metrics
+                    .keys()
+                    .filter(|k| k.starts_with(names::eval_judge("").as_str()))
+                    .find(|k| !k.ends_with("_se"))
+                    .cloned();
+                let second = judge.map(|k| {
+                    let get = |k: &str| r.metrics.get(k).copied().flatten().unwrap_or(f64::NAN);
+                    (get(&k), get(&format!("{k}_se")))
+                });
+                Some(EvalSummary {
+                    reward,
+                    stderr,
+                    second,
+                })
             }))
     }
 
@@ -1514,7 +1555,14 @@ where
                 Ok((batch, global, report, [t_rollout, t_score, t_train]))
             })();
             let (batch, adv, report, [t_rollout, t_score, t_train]) = match attempt {
-                Ok(done) => done,
+                Ok(done) => {
+                    // the same on every rank (the replicas are)
+                    metrics.insert(
+                        names::TRAIN_PARAM_CHANGE.into(),
+                        crate::ema::relative_change::<B, _>(&model_before, self.model()),
+                    );
+                    done
+                }
                 Err(TrainerError::Stopped) => {
                     // rollout `id` is dropped, whichever phase the request interrupted
                     self.rng = rng_before;
@@ -1639,9 +1687,18 @@ where
                 }
                 _ => String::new(),
             };
+            // why a run does not learn: no spread within groups, groups all equal, a
+            // policy that does not move
+            let got = |k: &str| metrics.get(k).copied().unwrap_or(f64::NAN);
+            let signal = format!(
+                "  spread {:.3}  equal {:.2}  moved {:.1e}",
+                got(names::REWARD_GROUP_STD_MEAN),
+                got(names::REWARD_ZERO_STD_RATIO),
+                got(names::TRAIN_PARAM_CHANGE),
+            );
             if io {
                 println!(
-                    "rollout {id:>3}: reward {reward_mean:.3}  loss {:.2e}{ratio}  {:.1}s rollout / {:.1}s train",
+                    "rollout {id:>3}: reward {reward_mean:.3}{signal}  loss {:.2e}{ratio}  {:.1}s rollout / {:.1}s train",
                     metrics.get(names::TRAIN_LOSS).copied().unwrap_or(f64::NAN),
                     metrics
                         .get(&names::phase_time("rollout"))
@@ -2213,7 +2270,24 @@ where
         })
         .collect();
     let categories: Vec<&str> = held.iter().map(|h| h.category.as_str()).collect();
-    Ok((samples, eval_statistics(&rewards, &categories, k)?))
+    let mut stats = eval_statistics(&rewards, &categories, k)?;
+    // every component the scorers gave every sample, with its standard error
+    let mut names: Vec<&str> = scores
+        .first()
+        .map(|c| c.iter().map(|(n, _)| n).collect())
+        .unwrap_or_default();
+    names.retain(|n| scores.iter().all(|c| c.get(n).is_some()));
+    for name in names {
+        let values: Vec<f64> = scores
+            .iter()
+            .map(|c| c.get(name).unwrap_or(f64::NAN))
+            .collect();
+        let s = eval_statistics(&values, &categories, k)?;
+        stats
+            .components
+            .insert(name.to_string(), (s.mean, s.stderr));
+    }
+    Ok((samples, stats))
 }
 
 /// The domain of the evaluation's per-step-noise seeds (changing it changes every noised
@@ -2302,8 +2376,13 @@ fn print_eval(when: &str, e: &EvalReport) {
         .iter()
         .map(|(k, v)| format!("{k} {v:.2}"))
         .collect();
+    let judges: String = e
+        .judges
+        .iter()
+        .map(|(k, (m, se))| format!("; judge {k} {m:.3} ± {se:.3}"))
+        .collect();
     println!(
-        "held-out eval {when}: {:.3} ± {:.3} ({})  {:.1}s",
+        "held-out eval {when}: {:.3} ± {:.3} ({}){judges}  {:.1}s",
         e.reward,
         e.stderr,
         cats.join(", "),
@@ -2320,6 +2399,9 @@ pub struct EvalStatistics {
     pub stderr: f64,
     /// The mean per category.
     pub by_category: BTreeMap<String, f64>,
+    /// The mean and standard error of every component the scorers gave every sample
+    /// ([`evaluate_policy`] fills it; empty from [`eval_statistics`]).
+    pub components: BTreeMap<String, (f64, f64)>,
 }
 
 /// The statistics of an evaluation's rewards, prompt-major (`prompt * k + seed`), with one
@@ -2393,5 +2475,6 @@ pub fn eval_statistics(
             .into_iter()
             .map(|(c, (s, m))| (c, s / m as f64))
             .collect(),
+        components: BTreeMap::new(),
     })
 }

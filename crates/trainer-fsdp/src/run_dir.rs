@@ -55,6 +55,7 @@ pub const FREE_TO_CHANGE: &[&str] = &[
     "checkpoint.",
     "artifacts.",
     "eval.interval",
+    "eval.judges",
     "monitor.",
 ];
 

@@ -43,6 +43,7 @@ where
         },
         ScorerSpec::Shapes => Box::new(ShapesScorer::default()),
         ScorerSpec::ShapesGraded => Box::new(ShapesScorer::with_credit(ShapeCredit::GRADED)),
+        ScorerSpec::ShapesRerender => Box::new(reward::shapes::RerenderScorer),
         ScorerSpec::JpegCompressibility => Box::new(JpegScorer::ddpo(JpegReward::Compressibility)),
         ScorerSpec::JpegIncompressibility => {
             Box::new(JpegScorer::ddpo(JpegReward::Incompressibility))

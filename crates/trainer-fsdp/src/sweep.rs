@@ -6,7 +6,7 @@
 //! ```
 //! use trainer_fsdp::EvalSummary;
 //! use trainer_fsdp::sweep::{SeedOutcome, SweepTable};
-//! let e = |reward| EvalSummary { reward, stderr: 0.01 };
+//! let e = |reward| EvalSummary { reward, stderr: 0.01, second: None };
 //! let t = SweepTable::new(vec![
 //!     SeedOutcome { seed: 0, base: e(0.25), last: e(0.5), seconds: 400.0 },
 //!     SeedOutcome { seed: 1, base: e(0.25), last: e(0.375), seconds: 410.0 },
@@ -35,6 +35,11 @@ impl SeedOutcome {
     /// `last - base`.
     pub fn gain(&self) -> f64 {
         self.last.reward - self.base.reward
+    }
+
+    /// The second judge's `last - base`, when both evaluations have one.
+    pub fn second_gain(&self) -> Option<f64> {
+        Some(self.last.second?.0 - self.base.second?.0)
     }
 }
 
@@ -80,6 +85,8 @@ pub struct SweepTable {
     pub gain: Spread,
     /// The wall time in seconds.
     pub seconds: Spread,
+    /// The second judge's gain, when every seed's evaluations have one.
+    pub second_gain: Option<Spread>,
 }
 
 impl SweepTable {
@@ -92,6 +99,11 @@ impl SweepTable {
             last: col(|o| o.last.reward),
             gain: col(SeedOutcome::gain),
             seconds: col(|o| o.seconds),
+            second_gain: outcomes
+                .iter()
+                .map(SeedOutcome::second_gain)
+                .collect::<Option<Vec<f64>>>()
+                .map(|g| Spread::of(&g)),
             outcomes,
         }
     }
@@ -100,39 +112,77 @@ impl SweepTable {
     /// standard errors, the gain, the wall time), then the mean, min and max, with the command
     /// that produced it and the machine it ran on.
     pub fn markdown(&self, command: &str, machine: &str) -> String {
+        let second = self.second_gain.is_some();
         let mut s = String::new();
         s.push_str(&format!("Command: `{command}`\n\nMachine: {machine}\n\n"));
-        s.push_str("| seed | held-out base | held-out final | gain | wall time |\n");
-        s.push_str("| ---: | ---: | ---: | ---: | ---: |\n");
+        s.push_str("| seed | held-out base | held-out final | gain |");
+        if second {
+            s.push_str(" second judge base | second judge final | gain |");
+        }
+        s.push_str(" wall time |\n| ---: | ---: | ---: | ---: |");
+        if second {
+            s.push_str(" ---: | ---: | ---: |");
+        }
+        s.push_str(" ---: |\n");
         for o in &self.outcomes {
             s.push_str(&format!(
-                "| {} | {:.3} ± {:.3} | {:.3} ± {:.3} | {:+.3} | {:.1} min |\n",
+                "| {} | {:.3} ± {:.3} | {:.3} ± {:.3} | {:+.3} |",
                 o.seed,
                 o.base.reward,
                 o.base.stderr,
                 o.last.reward,
                 o.last.stderr,
                 o.gain(),
-                o.seconds / 60.0
             ));
+            if let (Some(b), Some(l), Some(g)) = (o.base.second, o.last.second, o.second_gain()) {
+                s.push_str(&format!(
+                    " {:.3} ± {:.3} | {:.3} ± {:.3} | {g:+.3} |",
+                    b.0, b.1, l.0, l.1
+                ));
+            }
+            s.push_str(&format!(" {:.1} min |\n", o.seconds / 60.0));
         }
+        let spread = |f: fn(&SeedOutcome) -> Option<(f64, f64)>| {
+            Spread::of(
+                &self
+                    .outcomes
+                    .iter()
+                    .map(|o| f(o).map_or(f64::NAN, |v| v.0))
+                    .collect::<Vec<_>>(),
+            )
+        };
+        let (second_base, second_last) = (spread(|o| o.base.second), spread(|o| o.last.second));
         for (name, pick) in [
             ("mean", (|s: &Spread| s.mean) as fn(&Spread) -> f64),
             ("min", |s: &Spread| s.min),
             ("max", |s: &Spread| s.max),
         ] {
             s.push_str(&format!(
-                "| **{name}** | {:.3} | {:.3} | {:+.3} | {:.1} min |\n",
+                "| **{name}** | {:.3} | {:.3} | {:+.3} |",
                 pick(&self.base),
                 pick(&self.last),
                 pick(&self.gain),
-                pick(&self.seconds) / 60.0
             ));
+            if let Some(g) = &self.second_gain {
+                s.push_str(&format!(
+                    " {:.3} | {:.3} | {:+.3} |",
+                    pick(&second_base),
+                    pick(&second_last),
+                    pick(g)
+                ));
+            }
+            s.push_str(&format!(" {:.1} min |\n", pick(&self.seconds) / 60.0));
         }
         s.push_str(&format!(
             "\n{} seeds; ± is the standard error of each evaluation over its seeds (the held-out \
-             prompts are fixed); min and max are over the seeds, per column.\n",
-            self.outcomes.len()
+             prompts are fixed); min and max are over the seeds, per column.{}\n",
+            self.outcomes.len(),
+            if second {
+                " The second judge (`eval.judges`) scores the same pictures as the reward, \
+                 unweighted."
+            } else {
+                ""
+            }
         ));
         s
     }
@@ -157,6 +207,7 @@ mod tests {
         let e = |reward| EvalSummary {
             reward,
             stderr: 0.008,
+            second: None,
         };
         let t = SweepTable::new(
             (0..5)
@@ -175,5 +226,40 @@ mod tests {
             "{md}"
         );
         assert!(md.contains("| **min** | 0.300 | 0.500 | +0.200 |"), "{md}");
+        assert!(!md.contains("second judge"), "{md}");
+    }
+
+    #[test]
+    fn the_second_judge_gets_columns_of_its_own() {
+        let e = |reward, second| EvalSummary {
+            reward,
+            stderr: 0.008,
+            second: Some((second, 0.005)),
+        };
+        let t = SweepTable::new(
+            (0..2)
+                .map(|seed| SeedOutcome {
+                    seed,
+                    base: e(0.3, 0.25),
+                    last: e(0.5, 0.375 + 0.125 * seed as f64),
+                    seconds: 480.0,
+                })
+                .collect(),
+        );
+        let g = t.second_gain.unwrap();
+        assert_eq!((g.mean, g.min, g.max), (0.1875, 0.125, 0.25));
+        let md = t.markdown("cargo run", "2 cores");
+        assert!(
+            md.contains("| 1 | 0.300 ± 0.008 | 0.500 ± 0.008 | +0.200 | 0.250 ± 0.005 | 0.500 ± 0.005 | +0.250 | 8.0 min |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| **mean** | 0.300 | 0.500 | +0.200 | 0.250 | 0.438 | +0.188 | 8.0 min |"),
+            "{md}"
+        );
+        // a seed without the judge drops the columns
+        let mut outcomes = t.outcomes.clone();
+        outcomes[0].last.second = None;
+        assert!(SweepTable::new(outcomes).second_gain.is_none());
     }
 }

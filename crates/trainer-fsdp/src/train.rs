@@ -68,7 +68,8 @@ pub fn failure_messages(adv: &Advantages) -> Vec<String> {
 /// The `reward/*` metrics of seed 002 for one batch: per component
 /// `reward/<c>_{mean,std,min,max,group_std_mean}`, `reward/advantage_{mean,std}`,
 /// `reward/num_groups`, `reward/group_std_mean` (the mean over components of the per-group
-/// reward std), `reward/degenerate`, `reward/failed_groups`.
+/// reward std), `reward/degenerate`, `reward/zero_std_ratio` (the share of groups whose
+/// rewards are all equal), `reward/failed_groups`.
 ///
 /// ```
 /// use std::collections::BTreeMap;
@@ -85,6 +86,7 @@ pub fn failure_messages(adv: &Advantages) -> Vec<String> {
 /// assert_eq!(m[names::REWARD_FAILED_GROUPS], 1.0);
 /// assert_eq!(m["reward/score_mean"], 0.5); // over the groups that did not fail
 /// assert_eq!(m[names::REWARD_GROUP_STD_MEAN], 0.5);
+/// assert_eq!(m[names::REWARD_ZERO_STD_RATIO], 0.0);
 /// ```
 pub fn advantage_metrics(adv: &Advantages) -> Metrics {
     let mut m = Metrics::new();
@@ -114,6 +116,7 @@ pub fn advantage_metrics(adv: &Advantages) -> Metrics {
         names::REWARD_DEGENERATE.into(),
         f64::from(u8::from(adv.degenerate)),
     );
+    m.insert(names::REWARD_ZERO_STD_RATIO.into(), adv.zero_std_fraction);
     m.insert(
         names::REWARD_FAILED_GROUPS.into(),
         adv.failures().len() as f64,

@@ -599,6 +599,8 @@ fn every_preset_trains_the_shapes_world_end_to_end() {
             format!("checkpoint.dir={}", dir.join("ckpt").display()),
             format!("artifacts.root={}", dir.join("artifacts").display()),
             "monitor.progress=\"never\"".into(),
+            // the world's scorer is replaced below, which gives no second judgement
+            "eval.judges=[]".into(),
         ])
         .unwrap();
         o.extend(algorithm_overrides(name).unwrap());
@@ -713,4 +715,64 @@ fn the_run_evaluates_with_the_sde_at_the_plans_steps_when_asked() {
     assert_eq!(plain.samples, noised.samples);
     assert_ne!(bytes(&plain), bytes(&noised));
     assert_eq!(bytes(&noised), bytes(&sde.evaluate("b").unwrap()));
+}
+
+/// `eval.judges` scores the held-out pictures beside the reward and reports each component
+/// with its standard error; a world whose scorers leave the judge out is refused by name.
+#[test]
+fn the_evaluation_reports_the_second_judge() {
+    let root = tempfile::tempdir().unwrap();
+    tiny_generator(&root.path().join("generator"));
+    let cfg = tiny_config(root.path(), 1, &["eval.judges=[\"shapes_rerender\"]"]);
+    assert_eq!(
+        cfg.all_scorers(),
+        vec![
+            trainer_fsdp::ScorerSpec::Shapes,
+            trainer_fsdp::ScorerSpec::ShapesRerender
+        ]
+    );
+    let start_with = |scorers: &[trainer_fsdp::ScorerSpec], dir: &str| {
+        let _guard = RNG_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        let pre = cfg.preflight().unwrap();
+        let dev = Default::default();
+        let world = trainer_fsdp::shapes_world::ShapesWorld::<Flex>::load(
+            &root.path().join("generator"),
+            scorers,
+            &dev,
+        )
+        .unwrap();
+        let algorithm =
+            <trainer_fsdp::FlowGrpo as trainer_fsdp::dispatch::FromPlan>::from_plan(&pre.algorithm)
+                .unwrap();
+        let workers = trainer_fsdp::LocalWorkers::new(cfg.run.threads());
+        trainer_fsdp::Run::<burn::backend::Autodiff<Flex>, _, _, _>::new(
+            cfg.clone(),
+            pre,
+            &root.path().join(dir),
+            dev,
+            world,
+            algorithm,
+            workers,
+        )
+        .unwrap()
+    };
+    let run = start_with(&cfg.all_scorers(), "judged");
+    let e = run.evaluate("judged").unwrap();
+    let (mean, se) = e.judges["shapes_rerender"];
+    assert!(
+        (0.0..=1.0).contains(&mean) && se.is_finite(),
+        "{mean} ± {se}"
+    );
+    assert_eq!(e.judges.len(), 1);
+    let m = e.metrics();
+    assert_eq!(m["eval/judge/shapes_rerender"], mean);
+    assert_eq!(m["eval/judge/shapes_rerender_se"], se);
+    drop(run);
+
+    let run = start_with(&cfg.reward.scorers, "unjudged");
+    let err = run.evaluate("unjudged").unwrap_err();
+    assert!(
+        matches!(&err, TrainerError::EvalJudgeMissing { component, .. } if component == "shapes_rerender"),
+        "{err}"
+    );
 }

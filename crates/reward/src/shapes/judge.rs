@@ -51,6 +51,23 @@ impl Detection {
             .expect("every shape is in Shape::ALL")]
     }
 
+    /// How far the best template's fit leads the second best's: how unambiguous the drawn
+    /// shape is. Rendered scenes lead by 0.16 in the median (0.05 at the least); a soft blob
+    /// that fits two templates almost equally leads by a few hundredths.
+    ///
+    /// ```
+    /// use reward::shapes::{detect, render, RenderOptions, SceneSpec};
+    /// let spec = SceneSpec::parse("a red circle").unwrap();
+    /// let image = render(&spec, 1, &RenderOptions::default()).unwrap().image;
+    /// let d = &detect(&image)[0];
+    /// assert!(d.margin() > 0.05 && d.margin() <= d.fit(), "{d:?}");
+    /// ```
+    pub fn margin(&self) -> f64 {
+        let mut fits = self.fits;
+        fits.sort_by(|a, b| b.total_cmp(a));
+        fits[0] - fits[1]
+    }
+
     /// How far the detection is a `shape`, in `[0, 1]`, under `credit` (see [`ShapeCredit`]).
     pub fn shape_credit(&self, shape: Shape, credit: ShapeCredit) -> f64 {
         match credit {

@@ -33,6 +33,11 @@
 //!   relations — each constraint of the prompt is scored in `[0, 1]` and the reward is the
 //!   mean of what was asked times how exclusively it was drawn (the formula, and the reward
 //!   hack that made the exclusivity a factor, are in [`judge`]).
+//! * **A second judgement** ([`judge_rerendered`], [`RerenderScorer`]): another parser and
+//!   other thresholds, GenEval's counting credit, and the picture compared pixel by pixel
+//!   with a clean re-rendering of what was parsed, so that only a clean drawing of the asked
+//!   scene scores full marks; logged beside the first so that a gain one judge alone sees
+//!   shows.
 //!
 //! ```
 //! use reward::shapes::{self, Category, RenderOptions, SceneSpec};
@@ -50,6 +55,7 @@
 
 mod judge;
 mod render;
+mod rerender;
 
 use std::fmt;
 
@@ -60,6 +66,10 @@ pub use judge::{
     ShapeCredit, ShapesScorer, detect, detect_with_paint, judge, judge_with,
 };
 pub use render::{PlacedObject, RenderOptions, RenderedScene, render};
+pub use rerender::{
+    AGREE_RADIUS, FIDELITY_FLOOR, FIDELITY_FULL, MIN_COMPONENT, PAINT_THRESHOLD, PALETTE_RADIUS,
+    ParsedObject, RERENDER_COMPONENT, RerenderScorer, Rerendered, judge_rerendered,
+};
 
 use crate::error::{ConfigProblem, RewardError};
 

@@ -49,7 +49,9 @@
 //! [artifacts]  root, retention_rollouts
 //! [eval]       interval (0: never), samples_per_prompt, num_inference_steps (optional: the
 //!              sampling steps), guidance (optional: true CFG of the evaluations =
-//!              { scale, negative_prompt }), sampling ("ode" | "sde", optional: "ode")
+//!              { scale, negative_prompt }), sampling ("ode" | "sde", optional: "ode"),
+//!              judges (optional: scorers reported beside the reward, unweighted; they
+//!              change no result)
 //! [monitor]    jsonl, tensorboard, progress      (all optional; they change no result)
 //! [data]       train, eval: prompt files in the unified JSONL schema instead of the world's
 //!              own prompts                        (optional section, both keys optional)
@@ -1412,6 +1414,11 @@ pub enum ScorerSpec {
     /// fit leads the other shapes' (`reward::shapes::ShapeCredit::GRADED`: full at a lead of
     /// 0.04, one half at a tie); component `shapes`.
     ShapesGraded,
+    /// `"shapes_rerender"`: the shapes world's second, independent judge
+    /// (`reward::shapes::judge_rerendered`: another parser and thresholds, GenEval's counting
+    /// credit, the picture compared with a clean re-rendering of what was parsed); component
+    /// `shapes_rerender`. Logged beside the first judge through `eval.judges`.
+    ShapesRerender,
     /// `"jpeg_compressibility"`: DDPO's `-size_kb` at JPEG quality 95.
     JpegCompressibility,
     /// `"jpeg_incompressibility"`: DDPO's `+size_kb`.
@@ -1438,6 +1445,7 @@ impl ScorerSpec {
             ScorerSpec::Shapes | ScorerSpec::ShapesGraded => {
                 vec![reward::shapes::SHAPES_COMPONENT.into()]
             }
+            ScorerSpec::ShapesRerender => vec![reward::shapes::RERENDER_COMPONENT.into()],
             ScorerSpec::JpegCompressibility => vec!["jpeg_compressibility".into()],
             ScorerSpec::JpegIncompressibility => vec!["jpeg_incompressibility".into()],
             ScorerSpec::Pickscore { .. } => vec![reward::PICKSCORE_COMPONENT.into()],
@@ -1571,6 +1579,14 @@ pub struct EvalSection {
     /// before the key ran).
     #[serde(default)]
     pub sampling: EvalSampling,
+    /// Scorers whose components are reported beside the reward at every evaluation, each
+    /// with its standard error (`eval/judge/<component>`, `eval/judge/<component>_se`, and
+    /// the evaluation's line): a second judgement of the same pictures that the reward does
+    /// not weigh, so that a gain only one judge sees shows. They score every sample beside
+    /// `reward.scorers` (a judge that is also a reward scorer scores once); none may produce
+    /// a component another scorer produces.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub judges: Vec<ScorerSpec>,
 }
 
 /// `eval.sampling`: how the held-out evaluation samples its pictures.
@@ -1897,6 +1913,18 @@ impl TrainConfig {
     /// The LoRA rank as the seed's flags see it (0 without a `[lora]` section).
     pub fn lora_rank(&self) -> usize {
         self.lora.as_ref().map_or(0, |l| l.rank)
+    }
+
+    /// Every scorer a sample is scored by: `reward.scorers`, then the `eval.judges` that are
+    /// not among them.
+    pub fn all_scorers(&self) -> Vec<ScorerSpec> {
+        let mut out = self.reward.scorers.clone();
+        for j in &self.eval.judges {
+            if !out.contains(j) {
+                out.push(j.clone());
+            }
+        }
+        out
     }
 
     /// The reward components for the advantage computation: the required ones, then the

@@ -798,10 +798,10 @@ impl TrainConfig {
             });
             return;
         }
-        let mut produced: BTreeMap<String, &ScorerSpec> = BTreeMap::new();
-        for spec in &r.scorers {
+        let mut produced: BTreeMap<String, ScorerSpec> = BTreeMap::new();
+        for spec in self.all_scorers() {
             for c in spec.components() {
-                if let Some(first) = produced.insert(c.clone(), spec) {
+                if let Some(first) = produced.insert(c.clone(), spec.clone()) {
                     p.push(PreflightProblem::ScorersOverlap {
                         component: c,
                         first: format!("{first:?}"),
@@ -2134,7 +2134,7 @@ impl fmt::Display for PreflightProblem {
                 second,
             } => write!(
                 f,
-                "reward.scorers: {first} and {second} both produce component {component:?}; allowed: one scorer per component"
+                "reward.scorers and eval.judges: {first} and {second} both produce component {component:?}; allowed: one scorer per component"
             ),
             PreflightProblem::ComponentWithoutScorer { component, scorers } => write!(
                 f,

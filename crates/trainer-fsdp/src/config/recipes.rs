@@ -132,6 +132,7 @@ impl TrainConfig {
                 num_inference_steps: None,
                 guidance: None,
                 sampling: EvalSampling::Sde,
+                judges: Vec::new(),
             },
             ema: None,
             monitor: MonitorSection::default(),
@@ -232,6 +233,7 @@ impl TrainConfig {
             num_inference_steps: None,
             guidance: None,
             sampling: EvalSampling::Ode,
+            judges: vec![ScorerSpec::ShapesRerender],
         };
         c
     }

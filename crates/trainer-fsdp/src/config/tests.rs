@@ -372,6 +372,42 @@ fn scorers_must_produce_the_configured_components() {
 }
 
 #[test]
+fn eval_judges_score_beside_the_reward_and_overlap_nothing() {
+    // the shapes recipe judges its evaluations a second time, unweighted
+    let c = TrainConfig::shapes_world_lora();
+    assert_eq!(c.eval.judges, vec![ScorerSpec::ShapesRerender]);
+    assert_eq!(
+        c.all_scorers(),
+        vec![ScorerSpec::Shapes, ScorerSpec::ShapesRerender]
+    );
+    assert!(problems(&c).is_empty(), "{:#?}", problems(&c));
+    // a judge that is also a reward scorer scores once
+    let mut c = TrainConfig::shapes_world_lora();
+    c.eval.judges = vec![ScorerSpec::Shapes];
+    assert_eq!(c.all_scorers(), vec![ScorerSpec::Shapes]);
+    assert!(problems(&c).is_empty(), "{:#?}", problems(&c));
+    // a judge producing a reward scorer's component is refused, naming both
+    let o = Override::parse_all(&["eval.judges=[\"shapes_graded\"]"]).unwrap();
+    let c = TrainConfig::from_toml_str("recipe = \"shapes_world_lora\"", None, &o).unwrap();
+    let text = problems(&c);
+    assert_eq!(text.len(), 1, "{text:#?}");
+    assert!(
+        text[0].contains("eval.judges") && text[0].contains("both produce component \"shapes\""),
+        "{text:#?}"
+    );
+    // the JPEG rewards of the README keep the shapes judge's second judgement
+    let o = Override::parse_all(&[
+        "reward.scorers=[\"jpeg_incompressibility\"]",
+        "reward.required_components=[\"jpeg_incompressibility\"]",
+        "reward.component_weights={ jpeg_incompressibility = 1.0 }",
+    ])
+    .unwrap();
+    let c = TrainConfig::from_toml_str("recipe = \"shapes_world_lora\"", None, &o).unwrap();
+    assert!(problems(&c).is_empty(), "{:#?}", problems(&c));
+    assert_eq!(c.all_scorers().len(), 2);
+}
+
+#[test]
 fn the_shapes_recipe_is_the_lora_recipe_scaled() {
     let (a, b) = (
         TrainConfig::qwen_image_t2i_lora(),

@@ -45,6 +45,13 @@ pub const REWARD_NUM_GROUPS: &str = "reward/num_groups";
 pub const REWARD_GROUP_STD_MEAN: &str = "reward/group_std_mean";
 /// 1 when the advantage variance collapsed below the threshold.
 pub const REWARD_DEGENERATE: &str = "reward/degenerate";
+/// The share of the (not failed) groups whose rewards are all equal, which teach nothing
+/// (seed 004's `zero_std_ratio`).
+pub const REWARD_ZERO_STD_RATIO: &str = "reward/zero_std_ratio";
+/// How far the rollout's updates moved the trained parameters: `|θ' - θ| / |θ|` over every
+/// trainable parameter (L2 norms), the policy before the rollout's first update against the
+/// policy after its last.
+pub const TRAIN_PARAM_CHANGE: &str = "train/param_change";
 /// Groups that failed (a required component missing or non-finite).
 pub const REWARD_FAILED_GROUPS: &str = "reward/failed_groups";
 /// Seconds spent in the scorer alone.
@@ -157,6 +164,8 @@ pub const ALL: &[&str] = &[
     REWARD_NUM_GROUPS,
     REWARD_GROUP_STD_MEAN,
     REWARD_DEGENERATE,
+    REWARD_ZERO_STD_RATIO,
+    TRAIN_PARAM_CHANGE,
     REWARD_FAILED_GROUPS,
     REWARD_SCORE_TIME,
     REWARD_SCORE_SAMPLES_PER_S,
@@ -175,6 +184,16 @@ pub const ALL: &[&str] = &[
 /// ```
 pub fn reward_component(component: &str, stat: &str) -> String {
     format!("reward/{component}_{stat}")
+}
+
+/// `eval/judge/<component>`: the held-out mean of a component of `eval.judges` (its standard
+/// error is the same name with `_se`).
+///
+/// ```
+/// assert_eq!(trainer_fsdp::names::eval_judge("shapes_rerender"), "eval/judge/shapes_rerender");
+/// ```
+pub fn eval_judge(component: &str) -> String {
+    format!("eval/judge/{component}")
 }
 
 /// `perf/<phase>_time`, seconds spent in a phase (`rollout`, `reward`, `train`, `checkpoint`,

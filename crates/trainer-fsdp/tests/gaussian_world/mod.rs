@@ -397,6 +397,8 @@ pub fn config(root: &Path, rollouts: u64, extra: &[&str]) -> TrainConfig {
         "reward.scorers=[{ world = { components = [\"closeness\"] } }]".into(),
         "reward.required_components=[\"closeness\"]".into(),
         "reward.component_weights={ closeness = 1.0 }".into(),
+        // the shapes recipe's second judge reads pictures, which this world has none of
+        "eval.judges=[]".into(),
         "eval.interval=4".into(),
         "eval.samples_per_prompt=16".into(),
         "checkpoint.save_interval=1".into(),
