@@ -416,10 +416,24 @@ fn resolve(path: &Path) -> Result<PathBuf> {
 }
 
 /// A training caption: the scene's prompt, or with probability `p` a corrupted one (a
-/// different scene of the same category that still parses).
-fn caption(spec: &SceneSpec, category: Category, rng: &mut SplitMix64, p: f64) -> String {
+/// scene of the same category drawn at random). A corrupted caption is never a held-out
+/// prompt: the generator sees no held-out prompt in training, as a caption of its scene or
+/// of another (a held-out prompt seen only on wrong scenes would be taught to draw them, and
+/// no guidance could recover it; the committed base of 2026-12-01 was trained so).
+fn caption(
+    spec: &SceneSpec,
+    category: Category,
+    rng: &mut SplitMix64,
+    p: f64,
+    held_out: &[String],
+) -> String {
     if rng.unit_f64() < p {
-        SceneSpec::sample(category, rng.next_u64()).prompt()
+        loop {
+            let prompt = SceneSpec::sample(category, rng.next_u64()).prompt();
+            if !held_out.contains(&prompt) {
+                return prompt;
+            }
+        }
     } else {
         spec.prompt()
     }
@@ -517,41 +531,51 @@ fn load_state(
     )
     .with_context(|| format!("parsing {}", meta_path.display()))?;
     let flags = TrainingFlags::of(args);
-    anyhow::ensure!(
-        meta.flags == flags,
-        "--resume: the state {} was trained with {:?}, this command asks for {:?}; expected the \
-         same training flags (or another --state)",
-        path.display(),
-        meta.flags,
-        flags
-    );
+    if meta.flags != flags {
+        let (saved, asked) = (
+            serde_json::to_value(&meta.flags)?,
+            serde_json::to_value(&flags)?,
+        );
+        let differ: Vec<String> = asked
+            .as_object()
+            .expect("flags are an object")
+            .iter()
+            .filter(|(k, v)| saved.get(k.as_str()) != Some(v))
+            .map(|(k, v)| {
+                let was = saved
+                    .get(k.as_str())
+                    .map_or("absent".into(), |w| w.to_string());
+                format!("--{} {v} (the state's: {was})", k.replace('_', "-"))
+            })
+            .collect();
+        anyhow::bail!(
+            "--resume: the state {} was trained with other flags: {}; expected the same \
+             training flags (or another --state)",
+            path.display(),
+            differ.join(", ")
+        );
+    }
     // the generator directory gives the shapes; the records the values and parameter ids
     let generator_dir = path.join(STATE_GENERATOR);
     let skeleton = Model::load(&generator_dir, dev)
         .with_context(|| format!("loading {}", generator_dir.display()))?;
-    let module = |name: &str| -> Result<Model> {
-        let bytes_path = path.join(name);
-        let record = Bytes::default()
-            .load(
-                std::fs::read(&bytes_path)
-                    .with_context(|| format!("reading {}", bytes_path.display()))?,
-                dev,
-            )
-            .with_context(|| format!("decoding {}", bytes_path.display()))?;
-        Ok(skeleton.clone().load_record(record))
-    };
-    let model = module(STATE_MODEL)?;
-    let generator = module(STATE_AVERAGE)?;
-    let optim_path = path.join(STATE_OPTIMIZER);
-    let record = Bytes::default()
-        .load(
-            std::fs::read(&optim_path)
-                .with_context(|| format!("reading {}", optim_path.display()))?,
-            dev,
-        )
-        .with_context(|| format!("decoding {}", optim_path.display()))?;
-    let optim = new_optimizer().load_record(record);
-    Ok((model, optim, generator, meta))
+    let model = skeleton
+        .clone()
+        .load_record(read_record(&path.join(STATE_MODEL), dev)?);
+    let average = skeleton.load_record(read_record(&path.join(STATE_AVERAGE), dev)?);
+    let optim = new_optimizer().load_record(read_record(&path.join(STATE_OPTIMIZER), dev)?);
+    Ok((model, optim, average, meta))
+}
+
+/// A record of a saved state's file.
+fn read_record<R: burn::record::Record<B>>(
+    path: &Path,
+    dev: &burn::tensor::Device<B>,
+) -> Result<R> {
+    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    Bytes::default()
+        .load(bytes, dev)
+        .with_context(|| format!("decoding {}", path.display()))
 }
 
 fn new_optimizer() -> Adam {
@@ -657,7 +681,7 @@ fn main() -> Result<()> {
                 continue;
             }
             images.push(shapes::render(&spec, rng.next_u64(), &RenderOptions::default())?.image);
-            let text = caption(&spec, category, &mut rng, args.caption_noise);
+            let text = caption(&spec, category, &mut rng, args.caption_noise, &held_out);
             // the draw only with dropout on, so that runs without it keep their data stream
             let dropped = args.caption_dropout > 0.0 && rng.unit_f64() < args.caption_dropout;
             prompts.push(if dropped { String::new() } else { text });

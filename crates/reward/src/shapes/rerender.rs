@@ -159,6 +159,17 @@ fn covers(shape: Shape, area: f64, centroid: (f64, f64), x: usize, y: usize) -> 
     )
 }
 
+/// The indices of pixel `i`'s 8 neighbours inside a `w` x `h` image.
+fn neighbours(i: usize, w: usize, h: usize) -> impl Iterator<Item = usize> {
+    let (x, y) = ((i % w) as i64, (i / w) as i64);
+    (-1..=1i64)
+        .flat_map(move |dy| (-1..=1i64).map(move |dx| (x + dx, y + dy)))
+        .filter(move |&(nx, ny)| {
+            (nx, ny) != (x, y) && nx >= 0 && ny >= 0 && nx < w as i64 && ny < h as i64
+        })
+        .map(move |(nx, ny)| ny as usize * w + nx as usize)
+}
+
 /// The objects of a picture (8-connected components of one palette colour), largest first.
 fn parse(image: &RgbImage, labels: &[Option<Option<usize>>]) -> Vec<ParsedObject> {
     let (w, h) = (image.width(), image.height());
@@ -177,18 +188,10 @@ fn parse(image: &RgbImage, labels: &[Option<Option<usize>>]) -> Vec<ParsedObject
         let mut pixels = Vec::new();
         while let Some(i) = stack.pop() {
             pixels.push(i);
-            let (x, y) = ((i % w) as i64, (i / w) as i64);
-            for dy in -1..=1 {
-                for dx in -1..=1 {
-                    let (nx, ny) = (x + dx, y + dy);
-                    if nx < 0 || ny < 0 || nx >= w as i64 || ny >= h as i64 {
-                        continue;
-                    }
-                    let j = ny as usize * w + nx as usize;
-                    if !seen[j] && labels[j] == Some(Some(k)) {
-                        seen[j] = true;
-                        stack.push(j);
-                    }
+            for j in neighbours(i, w, h) {
+                if !seen[j] && labels[j] == Some(Some(k)) {
+                    seen[j] = true;
+                    stack.push(j);
                 }
             }
         }
@@ -211,25 +214,18 @@ fn parse(image: &RgbImage, labels: &[Option<Option<usize>>]) -> Vec<ParsedObject
         let mut ring = vec![false; w * h];
         let (mut mass, mut mx, mut my) = (n, cx * n, cy * n);
         for &i in &pixels {
-            let (x, y) = ((i % w) as i64, (i / w) as i64);
-            for dy in -1..=1 {
-                for dx in -1..=1 {
-                    let (nx, ny) = (x + dx, y + dy);
-                    if nx < 0 || ny < 0 || nx >= w as i64 || ny >= h as i64 {
-                        continue;
-                    }
-                    let j = ny as usize * w + nx as usize;
-                    if mask[j] || ring[j] || matches!(labels[j], Some(Some(_))) {
-                        continue;
-                    }
-                    ring[j] = true;
-                    let p = rgb(image.pixel(nx as usize, ny as usize));
-                    let a = ((0..3).map(|c| (p[c] - bg[c]) * dir[c]).sum::<f64>() / norm2)
-                        .clamp(0.0, 1.0);
-                    mass += a;
-                    mx += a * (nx as f64 + 0.5);
-                    my += a * (ny as f64 + 0.5);
+            for j in neighbours(i, w, h) {
+                if mask[j] || ring[j] || matches!(labels[j], Some(Some(_))) {
+                    continue;
                 }
+                ring[j] = true;
+                let (x, y) = (j % w, j / w);
+                let p = rgb(image.pixel(x, y));
+                let a =
+                    ((0..3).map(|c| (p[c] - bg[c]) * dir[c]).sum::<f64>() / norm2).clamp(0.0, 1.0);
+                mass += a;
+                mx += a * (x as f64 + 0.5);
+                my += a * (y as f64 + 0.5);
             }
         }
         let extent = (mass, (mx / mass, my / mass));
