@@ -73,7 +73,7 @@ use trainer_fsdp::shapes_world::{
     ShapesGenerator, ShapesWorld, TOKEN_CHANNELS, TOKEN_GRID, eval_prompts, images_to_tensor, pack,
     pretrain_loss,
 };
-use trainer_fsdp::{sample_grid, upscale, write_png};
+use trainer_fsdp::{World, sample_grid, upscale, write_png};
 
 type B = Autodiff<Flex>;
 
@@ -149,9 +149,9 @@ struct Args {
     ema: Option<f64>,
     /// Also evaluate with classifier-free guidance at this scale (> 1) against the empty
     /// prompt, beside the unguided evaluation: the capability the unguided generator has
-    /// but does not use.
+    /// but does not use. Repeat the flag for several scales.
     #[arg(long)]
-    eval_guidance: Option<f64>,
+    eval_guidance: Vec<f64>,
     /// Keep the whole training state (weights with their optimizer ids, the optimizer, the
     /// average, the step, the data stream) under this directory every `--state-every`
     /// steps, so that `--resume` continues the run bit for bit where it stopped. The
@@ -170,6 +170,11 @@ struct Args {
     /// `--steps`.
     #[arg(long)]
     stop_at: Option<usize>,
+    /// Evaluate on the prompts of this file (the unified JSONL schema, prompts of the shapes
+    /// grammar) instead of the held-out ones: to see what the generator does with prompts it
+    /// was trained on. The data's ceiling stays the held-out prompts'.
+    #[arg(long)]
+    eval_prompts: Option<PathBuf>,
     /// Write a sample grid of each evaluation here (the first seed of every held-out prompt,
     /// captioned); default `--state`'s `samples/` when there is one.
     #[arg(long)]
@@ -303,7 +308,7 @@ fn check_args(args: &Args) -> Result<()> {
             "--ema {decay}: expected a decay within (0, 1), such as 0.999"
         );
     }
-    if let Some(scale) = args.eval_guidance {
+    for &scale in &args.eval_guidance {
         anyhow::ensure!(
             scale.is_finite() && scale > 1.0,
             "--eval-guidance {scale}: expected a finite scale above 1 (at 1 guidance changes \
@@ -814,8 +819,7 @@ fn crispness(images: &[RgbImage]) -> (f64, usize) {
 
 /// The second judge's ([`shapes::judge_rerendered`]) mean over held-out samples, prompt-major
 /// with `k` seeds a prompt.
-fn second_judge(samples: &[RgbImage], k: usize) -> Result<f64> {
-    let prompts = eval_prompts();
+fn second_judge(samples: &[RgbImage], prompts: &[String], k: usize) -> Result<f64> {
     let mut total = 0.0;
     for (i, image) in samples.iter().enumerate() {
         total += shapes::judge_rerendered(&SceneSpec::parse(&prompts[i / k])?, image).score;
@@ -852,7 +856,7 @@ fn ceiling(held_out: &[String], args: &Args) -> Result<()> {
 /// guided as well. Prints each with its crispness and writes its grid (`tag` names it).
 fn evaluate(model: &ShapesGenerator<Flex>, sigmas: &[f32], args: &Args, tag: &str) -> Result<f64> {
     let unguided = evaluate_with(model, sigmas, args, None, tag)?;
-    if let Some(scale) = args.eval_guidance {
+    for &scale in &args.eval_guidance {
         let guidance = EvalGuidance {
             scale,
             negative_prompt: String::new(),
@@ -875,7 +879,16 @@ fn evaluate_with(
         solver: OdeSolver::Euler,
         storage: StorageDtype::F32,
     };
-    let world = ShapesWorld::<Flex>::new(Path::new("."), model.text.clone())?;
+    let data = trainer_fsdp::DataSection {
+        train: None,
+        eval: args.eval_prompts.clone(),
+    };
+    let world =
+        ShapesWorld::<Flex>::new(Path::new("."), model.text.clone())?.with_prompt_files(&data)?;
+    let prompts: Vec<String> = World::<B>::held_out(&world)
+        .iter()
+        .map(|h| h.prompt.clone())
+        .collect();
     let (samples, stats) = evaluate_policy::<B, _>(
         &world,
         &model.dit,
@@ -894,7 +907,7 @@ fn evaluate_with(
         .map(|(k, v)| format!("{k} {v:.2}"))
         .collect();
     let (margin, n) = crispness(&samples);
-    let second = second_judge(&samples, args.eval_samples)?;
+    let second = second_judge(&samples, &prompts, args.eval_samples)?;
     let how = guidance.map_or("guidance 1".to_string(), |g| {
         format!("guidance {}", g.scale)
     });
@@ -924,8 +937,7 @@ fn evaluate_with(
                 upscale(&tile, 4)
             })
             .collect();
-        let captions = eval_prompts();
-        let grid = sample_grid(&tiles, Some(&captions[..tiles.len()]), 8)?;
+        let grid = sample_grid(&tiles, Some(&prompts[..tiles.len()]), 8)?;
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         let suffix = guidance.map_or("g1".to_string(), |g| format!("cfg{}", g.scale));
         write_png(&dir.join(format!("eval_{tag}_{suffix}.png")), &grid)?;
