@@ -170,6 +170,9 @@ struct Args {
     /// `--steps`.
     #[arg(long)]
     stop_at: Option<usize>,
+    /// Sampling steps of the evaluations (12: the trainer's, as the rollouts sample).
+    #[arg(long, default_value_t = 12)]
+    eval_steps: usize,
     /// Evaluate on the prompts of this file (the unified JSONL schema, prompts of the shapes
     /// grammar) instead of the held-out ones: to see what the generator does with prompts it
     /// was trained on. The data's ceiling stays the held-out prompts'.
@@ -320,6 +323,10 @@ fn check_args(args: &Args) -> Result<()> {
              from scratch without --caption-dropout never saw; expected --caption-dropout above 0"
         );
     }
+    anyhow::ensure!(
+        args.eval_steps > 0,
+        "--eval-steps 0 would sample nothing; expected at least 1 step"
+    );
     anyhow::ensure!(
         args.state_every > 0,
         "--state-every 0 would never save the state; expected at least 1 step"
@@ -606,7 +613,7 @@ fn main() -> Result<()> {
     let held_out: Vec<String> = eval_prompts();
     // the evaluation's 12-step sampling schedule, as the trainer's
     let eval_sigmas = SchedulePolicy::qwen_image()
-        .sample_sigmas(32, 32, 12)?
+        .sample_sigmas(32, 32, args.eval_steps)?
         .sigmas
         .into_vec();
     let resumed = match (&args.state, args.resume) {
@@ -784,10 +791,11 @@ fn main() -> Result<()> {
         .with_context(|| format!("saving to {}", args.out.display()))?;
     println!(
         "wrote {} after {:.1} min ({:.0} training CPU s in all); held-out reward of the base \
-         (deterministic sampling, 12 steps): {reward:.3}",
+         (deterministic sampling, {} steps): {reward:.3}",
         args.out.display(),
         start.elapsed().as_secs_f64() / 60.0,
-        cpu_before + process_cpu_seconds() - cpu_start
+        cpu_before + process_cpu_seconds() - cpu_start,
+        args.eval_steps
     );
     Ok(())
 }
