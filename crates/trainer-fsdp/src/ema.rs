@@ -271,16 +271,27 @@ pub fn relative_change<B: Backend, M: Module<B>>(before: &M, after: &M) -> f64 {
         c.values
     };
     let (old, mut new) = (flat(before), flat(after));
-    let (mut moved, mut norm) = (0.0f64, 0.0f64);
+    // summed on the device, read once (a read per parameter would wait on the device each time)
+    let mut sums: Option<(Tensor<B, 1>, Tensor<B, 1>)> = None;
     for (id, t) in old {
         let Some(n) = new.remove(&id) else {
             continue;
         };
         let t = t.cast(DType::F32);
         let d = n.cast(DType::F32) - t.clone();
-        moved += d.clone().mul(d).sum().into_scalar().elem::<f64>();
-        norm += t.clone().mul(t).sum().into_scalar().elem::<f64>();
+        let (dd, tt) = (d.clone().mul(d).sum(), t.clone().mul(t).sum());
+        sums = Some(match sums {
+            None => (dd, tt),
+            Some((a, b)) => (a + dd, b + tt),
+        });
     }
+    let Some((moved, norm)) = sums else {
+        return 0.0;
+    };
+    let (moved, norm) = (
+        moved.into_scalar().elem::<f64>(),
+        norm.into_scalar().elem::<f64>(),
+    );
     if moved == 0.0 {
         0.0
     } else {
