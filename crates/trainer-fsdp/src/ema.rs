@@ -229,12 +229,10 @@ impl<B: Backend> ModuleMapper<B> for Widen {
 /// detached and keeps requiring gradients where the target did (the checkpoint
 /// writes trainable parameters).
 pub fn blend<B: Backend, M: Module<B>>(target: M, source: &M, decay: f64) -> M {
-    let mut collect = CollectFlat::<B> {
-        values: HashMap::new(),
-    };
+    let mut collect = CollectFlat::<B> { values: Vec::new() };
     source.visit(&mut collect);
     let mut mix = Mix::<B> {
-        values: collect.values,
+        values: collect.values.into_iter().collect(),
         decay,
     };
     target.map(&mut mix)
@@ -264,14 +262,15 @@ pub fn blend<B: Backend, M: Module<B>>(target: M, source: &M, decay: f64) -> M {
 /// ```
 pub fn relative_change<B: Backend, M: Module<B>>(before: &M, after: &M) -> f64 {
     let flat = |m: &M| {
-        let mut c = CollectFlat::<B> {
-            values: HashMap::new(),
-        };
+        let mut c = CollectFlat::<B> { values: Vec::new() };
         m.visit(&mut c);
         c.values
     };
-    let (old, mut new) = (flat(before), flat(after));
-    // summed on the device, read once (a read per parameter would wait on the device each time)
+    let old = flat(before);
+    let mut new: HashMap<ParamId, Tensor<B, 1>> = flat(after).into_iter().collect();
+    // summed on the device, read once (a read per parameter would wait on the device each
+    // time), in the module's visiting order: the f32 sums are the same on every run and
+    // after a resume (a map's order is not)
     let mut sums: Option<(Tensor<B, 1>, Tensor<B, 1>)> = None;
     for (id, t) in old {
         let Some(n) = new.remove(&id) else {
@@ -299,9 +298,9 @@ pub fn relative_change<B: Backend, M: Module<B>>(before: &M, after: &M) -> f64 {
     }
 }
 
-/// The trainable float parameters of a module, flattened, by id.
+/// The trainable float parameters of a module, flattened, with their ids, in visiting order.
 struct CollectFlat<B: Backend> {
-    values: HashMap<ParamId, Tensor<B, 1>>,
+    values: Vec<(ParamId, Tensor<B, 1>)>,
 }
 
 impl<B: Backend> ModuleVisitor<B> for CollectFlat<B> {
@@ -309,7 +308,7 @@ impl<B: Backend> ModuleVisitor<B> for CollectFlat<B> {
         if param.is_require_grad() {
             let t = param.val().detach();
             let n = t.shape().num_elements();
-            self.values.insert(param.id, t.reshape([n]));
+            self.values.push((param.id, t.reshape([n])));
         }
     }
 }
