@@ -165,6 +165,18 @@ struct Args {
     /// training flags); without one, start afresh there.
     #[arg(long)]
     resume: bool,
+    /// Also train on the held-out prompts' scenes, captioned as every other scene (true, or
+    /// corrupted with `--caption-noise`, or dropped): the generator has seen every prompt of
+    /// the grammar, as a web-scale base has seen captions like its benchmark's, and RL alone
+    /// is kept off the held-out prompts. Without it no held-out prompt is seen in training,
+    /// on any scene (the single-object category is then almost all held out).
+    #[arg(long)]
+    held_out_in_data: bool,
+    /// With `--init-from`: append this many transformer blocks whose AdaLN modulations start
+    /// at zero (so every gate is closed and the grown model computes exactly what the loaded
+    /// one did), to train a deeper generator from a shallower one.
+    #[arg(long, default_value_t = 0)]
+    grow_layers: usize,
     /// Stop after this step with the state saved (needs `--state`), to go on later with
     /// `--resume`: a long pretraining split across sessions. The schedule is still the one of
     /// `--steps`.
@@ -198,6 +210,10 @@ struct TrainingFlags {
     caption_dropout: f64,
     ema: Option<f64>,
     seed: u64,
+    #[serde(default)]
+    held_out_in_data: bool,
+    #[serde(default)]
+    grow_layers: usize,
 }
 
 impl TrainingFlags {
@@ -214,6 +230,8 @@ impl TrainingFlags {
             caption_dropout: args.caption_dropout,
             ema: args.ema,
             seed: args.seed,
+            held_out_in_data: args.held_out_in_data,
+            grow_layers: args.grow_layers,
         }
     }
 }
@@ -290,6 +308,12 @@ fn check_args(args: &Args) -> Result<()> {
          --steps {}; expected --steps greater than --warmup",
         args.warmup,
         args.steps
+    );
+    anyhow::ensure!(
+        args.grow_layers == 0 || args.init_from.is_some(),
+        "--grow-layers {} grows a loaded generator; expected --init-from (a generator trained \
+         from scratch takes its depth from its configuration)",
+        args.grow_layers
     );
     anyhow::ensure!(
         args.batch > 0,
@@ -428,21 +452,21 @@ fn resolve(path: &Path) -> Result<PathBuf> {
 }
 
 /// A training caption: the scene's prompt, or with probability `p` a corrupted one (a
-/// scene of the same category drawn at random). A corrupted caption is never a held-out
-/// prompt: the generator sees no held-out prompt in training, as a caption of its scene or
-/// of another (a held-out prompt seen only on wrong scenes would be taught to draw them, and
-/// no guidance could recover it; the committed base of 2026-12-01 was trained so).
+/// scene of the same category drawn at random). A corrupted caption is never one of
+/// `excluded` (the held-out prompts, unless they are in the data): a prompt seen only on
+/// wrong scenes would be taught to draw them, and no guidance could recover it (the
+/// committed base of 2026-12-01 was trained so).
 fn caption(
     spec: &SceneSpec,
     category: Category,
     rng: &mut SplitMix64,
     p: f64,
-    held_out: &[String],
+    excluded: &[String],
 ) -> String {
     if rng.unit_f64() < p {
         loop {
             let prompt = SceneSpec::sample(category, rng.next_u64()).prompt();
-            if !held_out.contains(&prompt) {
+            if !excluded.contains(&prompt) {
                 return prompt;
             }
         }
@@ -649,6 +673,17 @@ fn main() -> Result<()> {
                     })?,
                     None => ShapesGenerator::<B>::init(&dev),
                 };
+                let model = if args.grow_layers > 0 {
+                    let before = model.dit.config.num_layers;
+                    let grown = model.grow(args.grow_layers, &dev)?;
+                    println!(
+                        "grown from {before} to {} transformer blocks (the new ones' gates closed)",
+                        grown.dit.config.num_layers
+                    );
+                    grown
+                } else {
+                    model
+                };
                 // the average shares the model's parameter ids, by which `blend` pairs them
                 let average = model.clone();
                 // SplitMix64: the data order's generator (deterministic, platform-independent)
@@ -689,11 +724,16 @@ fn main() -> Result<()> {
         while images.len() < args.batch {
             let category = Category::ALL[rng.below_modulo(Category::ALL.len() as u64) as usize];
             let spec = SceneSpec::sample(category, rng.next_u64());
-            if held_out.contains(&spec.prompt()) {
+            if !args.held_out_in_data && held_out.contains(&spec.prompt()) {
                 continue;
             }
             images.push(shapes::render(&spec, rng.next_u64(), &RenderOptions::default())?.image);
-            let text = caption(&spec, category, &mut rng, args.caption_noise, &held_out);
+            let excluded: &[String] = if args.held_out_in_data {
+                &[]
+            } else {
+                &held_out
+            };
+            let text = caption(&spec, category, &mut rng, args.caption_noise, excluded);
             // the draw only with dropout on, so that runs without it keep their data stream
             let dropped = args.caption_dropout > 0.0 && rng.unit_f64() < args.caption_dropout;
             prompts.push(if dropped { String::new() } else { text });

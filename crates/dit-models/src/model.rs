@@ -345,6 +345,51 @@ impl<B: Backend> QwenImageTransformer2DModel<B> {
         &self.config
     }
 
+    /// The model with `n` more transformer blocks after its own, each with its image and text
+    /// AdaLN modulations at zero (DiT's adaLN-Zero): every gate of a new block is closed, so
+    /// the grown model computes exactly what this one did, and training opens the gates
+    /// (their gradients are not zero). The new blocks' other weights are PyTorch's
+    /// initialisation, materialised here. The configuration's `num_layers` grows by `n`; the
+    /// base-model hash is dropped (the weights are another model's).
+    ///
+    /// # Errors
+    /// [`DitError::InvalidLora`] when an adapter is attached (grow the base, then attach).
+    pub fn grow(mut self, n: usize, device: &B::Device) -> Result<Self, crate::DitError> {
+        if self.lora_config.is_some() {
+            return Err(crate::DitError::InvalidLora {
+                problems: vec![crate::error::ConfigProblem {
+                    field: "grow",
+                    given: format!("{n} blocks on a model carrying an adapter"),
+                    allowed: "a model without an adapter (grow the base, then attach one)".into(),
+                }],
+            });
+        }
+        let fresh = self
+            .config
+            .clone()
+            .with_num_layers(n.max(1))
+            .init::<B>(device);
+        let dim = self.config.inner_dim();
+        let closed = || {
+            let mut l = LinearConfig::new(dim, 6 * dim).init::<B>(device);
+            l.weight = burn::module::Param::from_tensor(Tensor::zeros([dim, 6 * dim], device));
+            l.bias = Some(burn::module::Param::from_tensor(Tensor::zeros(
+                [6 * dim],
+                device,
+            )));
+            l
+        };
+        for mut block in fresh.transformer_blocks.into_iter().take(n) {
+            block.img_mod = closed();
+            block.txt_mod = closed();
+            block.visit(&mut Materialise);
+            self.transformer_blocks.push(block);
+        }
+        self.config.num_layers += n;
+        self.base_model_hash = None;
+        Ok(self)
+    }
+
     /// Every parameterised layer with its burn module path.
     pub(crate) fn layers_mut(&mut self) -> Vec<(String, LayerMut<'_, B>)> {
         layers_impl!(self, LayerMut, iter_mut, [mut])
@@ -663,5 +708,15 @@ impl<B: Backend> QwenImageTransformerBlock<B> {
             .forward(modulate(txt.clone(), t_shift2, t_scale2), a);
         let txt = fused_ops::gated_residual(txt, txt_mlp, t_gate2);
         (img, txt)
+    }
+}
+
+/// Reads every float parameter, initialising a lazily initialised one in place (a clone of
+/// a parameter not yet read would initialise on its own, to other values).
+struct Materialise;
+
+impl<B: Backend> burn::module::ModuleVisitor<B> for Materialise {
+    fn visit_float<const D: usize>(&mut self, param: &burn::module::Param<Tensor<B, D>>) {
+        let _ = param.val();
     }
 }

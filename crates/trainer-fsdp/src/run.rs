@@ -88,6 +88,14 @@ const GRID_TILE_MIN: u32 = 128;
 /// The metric of its standard error ([`EvalReport::stderr`]).
 pub const EVAL_REWARD_SE: &str = "eval/reward_se";
 
+/// Under `eval.sde_gap`: the mean reward of the same held-out pictures sampled with the
+/// rollouts' SDE transitions.
+pub const EVAL_SDE_REWARD: &str = "eval/sde_reward";
+/// Its standard error.
+pub const EVAL_SDE_REWARD_SE: &str = "eval/sde_reward_se";
+/// The deterministic pictures' reward minus the SDE pictures'.
+pub const EVAL_SDE_GAP: &str = "eval/sde_gap";
+
 /// `eval/category/<category>`, the held-out mean of one category.
 pub fn eval_category(category: &str) -> String {
     format!("eval/category/{category}")
@@ -137,11 +145,15 @@ pub struct EvalReport {
     /// The mean and standard error of every component of `eval.judges`' scorers over the
     /// same samples.
     pub judges: BTreeMap<String, (f64, f64)>,
+    /// Under `eval.sde_gap`: the mean reward and its standard error of the same prompts and
+    /// initial noise sampled with the rollouts' SDE transitions.
+    pub sde: Option<(f64, f64)>,
 }
 
 impl EvalReport {
     /// The evaluation's metrics: `eval/reward`, `eval/reward_se`, `eval/category/<c>`,
-    /// `eval/judge/<component>` and `eval/judge/<component>_se`, and `perf/eval_time`.
+    /// `eval/judge/<component>` and `eval/judge/<component>_se`, `perf/eval_time`, and under
+    /// `eval.sde_gap` `eval/sde_reward`, `eval/sde_reward_se` and `eval/sde_gap`.
     pub fn metrics(&self) -> Metrics {
         let mut m = Metrics::from([
             (EVAL_REWARD.to_string(), self.reward),
@@ -154,6 +166,11 @@ impl EvalReport {
         for (c, (mean, se)) in &self.judges {
             m.insert(names::eval_judge(c), *mean);
             m.insert(format!("{}_se", names::eval_judge(c)), *se);
+        }
+        if let Some((mean, se)) = self.sde {
+            m.insert(EVAL_SDE_REWARD.to_string(), mean);
+            m.insert(EVAL_SDE_REWARD_SE.to_string(), se);
+            m.insert(EVAL_SDE_GAP.to_string(), self.reward - mean);
         }
         m
     }
@@ -1296,7 +1313,9 @@ where
     /// Phase 5: sampling of the world's held-out prompts, `eval.samples_per_prompt` fixed
     /// seeds each (a pure function of `run.seed`), deterministic under `eval.sampling =
     /// "ode"` and with the SDE's transitions at the plan's evaluation steps under `"sde"`,
-    /// scored by the world's scorers; writes a sample grid.
+    /// scored by the world's scorers; writes a sample grid. Under `eval.sde_gap` the same
+    /// prompts and initial noise are sampled again with the rollouts' SDE transitions at the
+    /// plan's evaluation steps and scored ([`EvalReport::sde`]).
     ///
     /// # Errors
     /// Sampling, scoring and PNG errors.
@@ -1370,6 +1389,25 @@ where
                 }),
             })
             .collect::<Result<_, _>>()?;
+        // the same prompts, seeds and initial noise, with the rollouts' SDE transitions
+        let sde = match &self.pre.eval_gap_steps {
+            Some(steps) => {
+                let (_, sde) = evaluate_policy::<B, W>(
+                    &self.world,
+                    &self.handed_out().valid(),
+                    &self.eval_spec,
+                    steps,
+                    k,
+                    self.cfg.run.seed,
+                    &self.cfg.reward.component_weights,
+                    self.cfg.eval.guidance.as_ref(),
+                    threads,
+                    &self.device,
+                )?;
+                Some((sde.mean, sde.stderr))
+            }
+            None => None,
+        };
         Ok(EvalReport {
             reward: stats.mean,
             stderr: stats.stderr,
@@ -1378,6 +1416,7 @@ where
             images,
             seconds: start.elapsed().as_secs_f64(),
             judges,
+            sde,
         })
     }
 
@@ -2381,8 +2420,11 @@ fn print_eval(when: &str, e: &EvalReport) {
         .iter()
         .map(|(k, (m, se))| format!("; judge {k} {m:.3} ± {se:.3}"))
         .collect();
+    let sde = e.sde.map_or(String::new(), |(m, se)| {
+        format!("; SDE pictures {m:.3} ± {se:.3} (gap {:+.3})", e.reward - m)
+    });
     println!(
-        "held-out eval {when}: {:.3} ± {:.3} ({}){judges}  {:.1}s",
+        "held-out eval {when}: {:.3} ± {:.3} ({}){judges}{sde}  {:.1}s",
         e.reward,
         e.stderr,
         cats.join(", "),

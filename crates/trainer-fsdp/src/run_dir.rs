@@ -56,6 +56,7 @@ pub const FREE_TO_CHANGE: &[&str] = &[
     "artifacts.",
     "eval.interval",
     "eval.judges",
+    "eval.sde_gap",
     "monitor.",
 ];
 

@@ -326,6 +326,18 @@ impl<B: Backend> ShapesGenerator<B> {
         }
     }
 
+    /// The generator with `n` more transformer blocks whose gates start closed (see
+    /// [`QwenImageTransformer2DModel::grow`]): the same velocities until training opens them.
+    ///
+    /// # Errors
+    /// The transformer carries an adapter.
+    pub fn grow(self, n: usize, device: &B::Device) -> Result<Self, TrainerError> {
+        Ok(Self {
+            dit: self.dit.grow(n, device)?,
+            ..self
+        })
+    }
+
     /// The transformer's conditioning for a batch of prompts.
     ///
     /// # Errors

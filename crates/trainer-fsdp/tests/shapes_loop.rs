@@ -719,6 +719,49 @@ fn the_run_evaluates_with_the_sde_at_the_plans_steps_when_asked() {
 
 /// `eval.judges` scores the held-out pictures beside the reward and reports each component
 /// with its standard error; a world whose scorers leave the judge out is refused by name.
+/// `eval.sde_gap`: the evaluation also scores the same prompts and initial noise sampled
+/// with the rollouts' SDE transitions, exactly what `evaluate_policy` gives at the plan's
+/// evaluation steps, and logs the gap.
+#[test]
+fn the_evaluation_reports_the_sde_pictures_beside() {
+    let root = tempfile::tempdir().unwrap();
+    tiny_generator(&root.path().join("generator"));
+    let cfg = tiny_config(root.path(), 1, &["eval.sde_gap=true"]);
+    let run = start(root.path(), 1, &["eval.sde_gap=true"], Box::new(Brightness));
+    let e = run.evaluate("gap").unwrap();
+    let (mean, se) = e.sde.expect("eval.sde_gap reports the SDE pictures");
+    let pre = cfg.preflight().unwrap();
+    let steps = pre.eval_gap_steps.clone().unwrap();
+    assert!(!steps.is_empty());
+    let (_, want) = trainer_fsdp::run::evaluate_policy::<burn::backend::Autodiff<Flex>, _>(
+        run.world(),
+        &run.model().clone().valid(),
+        run.eval_sampler(),
+        &steps,
+        cfg.eval.samples_per_prompt,
+        cfg.run.seed,
+        &cfg.reward.component_weights,
+        None,
+        1,
+        &Default::default(),
+    )
+    .unwrap();
+    assert_eq!((mean, se), (want.mean, want.stderr));
+    // the transitions change the pictures: another mean than the deterministic one
+    assert_ne!(
+        mean, e.reward,
+        "the SDE pictures are the deterministic ones"
+    );
+    let m = e.metrics();
+    assert_eq!(m["eval/sde_reward"], mean);
+    assert_eq!(m["eval/sde_reward_se"], se);
+    assert_eq!(m["eval/sde_gap"], e.reward - mean);
+    println!(
+        "test the_evaluation_reports_the_sde_pictures_beside ... ok (deterministic {:.4}, SDE {mean:.4})",
+        e.reward
+    );
+}
+
 #[test]
 fn the_evaluation_reports_the_second_judge() {
     let root = tempfile::tempdir().unwrap();

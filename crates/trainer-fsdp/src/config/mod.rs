@@ -51,7 +51,8 @@
 //!              sampling steps), guidance (optional: true CFG of the evaluations =
 //!              { scale, negative_prompt }), sampling ("ode" | "sde", optional: "ode"),
 //!              judges (optional: scorers reported beside the reward, unweighted; they
-//!              change no result)
+//!              change no result), sde_gap (optional, false: the same pictures also sampled
+//!              with the rollouts' SDE transitions, their reward reported beside)
 //! [monitor]    jsonl, tensorboard, progress      (all optional; they change no result)
 //! [data]       train, eval: prompt files in the unified JSONL schema instead of the world's
 //!              own prompts                        (optional section, both keys optional)
@@ -1587,6 +1588,15 @@ pub struct EvalSection {
     /// a component another scorer produces.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub judges: Vec<ScorerSpec>,
+    /// Also sample every held-out picture from the same initial noise with the rollouts' SDE
+    /// transitions at the plan's evaluation steps (as `eval.sampling = "sde"` does), and
+    /// report their reward beside the deterministic one (`eval/sde_reward`, its `_se`, and
+    /// `eval/sde_gap`, deterministic minus SDE): how much the rollouts' noise costs the
+    /// pictures the reward ranks, which the deterministic evaluation never sees. It doubles
+    /// the evaluation's sampling and changes no result. Needs `eval.sampling = "ode"` and SDE
+    /// rollouts.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub sde_gap: bool,
 }
 
 /// `eval.sampling`: how the held-out evaluation samples its pictures.

@@ -153,16 +153,36 @@ impl TrainConfig {
         };
 
         // the evaluation's stochastic steps (`eval.sampling = "sde"`: the plan's answer to a
-        // query without a rollout, seed 002's evaluation fallback)
+        // query without a rollout, seed 002's evaluation fallback), and those of the SDE
+        // pictures `eval.sde_gap` samples beside the deterministic ones
         let mut eval_sde_steps = SdeSteps::new([]);
-        if self.eval.sampling == EvalSampling::Sde {
-            let given = || "\"sde\"".to_string();
+        let mut eval_gap_steps = None;
+        let sde_eval = self.eval.sampling == EvalSampling::Sde;
+        if self.eval.sde_gap && sde_eval {
+            p.push(PreflightProblem::OutOfRange {
+                key: "eval.sde_gap",
+                given: "true".into(),
+                allowed: "false with eval.sampling = \"sde\" (its pictures are the SDE's \
+                          already), or eval.sampling = \"ode\"",
+            });
+        }
+        let (key, given) = if sde_eval {
+            ("eval.sampling", "\"sde\"")
+        } else {
+            ("eval.sde_gap", "true")
+        };
+        if sde_eval || self.eval.sde_gap {
             if ode_rollouts {
                 p.push(PreflightProblem::OutOfRange {
-                    key: "eval.sampling",
-                    given: given(),
-                    allowed: "\"ode\" with algorithm.kind = \"nft\" or \"dpo\" (their rollouts take no SDE \
-                              transition, so there is none to evaluate with)",
+                    key,
+                    given: given.into(),
+                    allowed: if sde_eval {
+                        "\"ode\" with algorithm.kind = \"nft\" or \"dpo\" (their rollouts take no \
+                         SDE transition, so there is none to evaluate with)"
+                    } else {
+                        "false with algorithm.kind = \"nft\" or \"dpo\" (their rollouts take no \
+                         SDE transition, so there is none to compare with)"
+                    },
                 });
             }
             if self
@@ -171,23 +191,35 @@ impl TrainConfig {
                 .is_some_and(|n| n != s.num_inference_steps)
             {
                 p.push(PreflightProblem::OutOfRange {
-                    key: "eval.sampling",
-                    given: given(),
-                    allowed: "\"ode\" with eval.num_inference_steps other than \
-                              sampling.num_inference_steps (the plan's evaluation steps index the \
-                              rollouts' schedule)",
+                    key,
+                    given: given.into(),
+                    allowed: if sde_eval {
+                        "\"ode\" with eval.num_inference_steps other than \
+                         sampling.num_inference_steps (the plan's evaluation steps index the \
+                         rollouts' schedule)"
+                    } else {
+                        "false with eval.num_inference_steps other than \
+                         sampling.num_inference_steps (the plan's evaluation steps index the \
+                         rollouts' schedule)"
+                    },
                 });
             }
             if let Some((_, plan)) = &schedule_and_plan
                 && !ode_rollouts
             {
                 match plan.steps(PlanQuery::evaluation()) {
-                    Ok(steps) => eval_sde_steps = steps,
+                    Ok(steps) if sde_eval => eval_sde_steps = steps,
+                    Ok(steps) => eval_gap_steps = Some(steps),
                     Err(_) => p.push(PreflightProblem::OutOfRange {
-                        key: "eval.sampling",
-                        given: given(),
-                        allowed: "\"ode\" with sampling.sde_window (a sliding window's steps move \
-                                  with the rollouts: it has no fixed evaluation steps)",
+                        key,
+                        given: given.into(),
+                        allowed: if sde_eval {
+                            "\"ode\" with sampling.sde_window (a sliding window's steps move \
+                             with the rollouts: it has no fixed evaluation steps)"
+                        } else {
+                            "false with sampling.sde_window (a sliding window's steps move \
+                             with the rollouts: it has no fixed evaluation steps)"
+                        },
                     }),
                 }
             }
@@ -556,6 +588,7 @@ impl TrainConfig {
                 trainable,
                 eval_schedule: eval_schedule.unwrap_or_else(|| schedule.clone()),
                 eval_sde_steps,
+                eval_gap_steps,
                 schedule,
                 plan,
                 sde,
@@ -1727,6 +1760,9 @@ pub struct Preflight {
     /// The steps at which the evaluation takes the rollouts' SDE transition: the plan's
     /// evaluation steps under `eval.sampling = "sde"`, none under `"ode"`.
     pub eval_sde_steps: SdeSteps,
+    /// Under `eval.sde_gap`: the steps at which the evaluation's second sampling of the same
+    /// pictures takes the rollouts' SDE transition (the plan's evaluation steps).
+    pub eval_gap_steps: Option<SdeSteps>,
     /// The resolved plan of trained SDE steps.
     pub plan: TrainedPlan,
     /// The SDE of the trained steps.

@@ -133,6 +133,7 @@ impl TrainConfig {
                 guidance: None,
                 sampling: EvalSampling::Sde,
                 judges: Vec::new(),
+                sde_gap: false,
             },
             ema: None,
             monitor: MonitorSection::default(),
@@ -234,6 +235,7 @@ impl TrainConfig {
             guidance: None,
             sampling: EvalSampling::Ode,
             judges: vec![ScorerSpec::ShapesRerender],
+            sde_gap: false,
         };
         c
     }

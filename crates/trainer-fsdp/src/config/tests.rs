@@ -1505,6 +1505,52 @@ fn the_evaluations_sampling_follows_the_seed_where_it_can() {
     );
 }
 
+/// `eval.sde_gap`: the same pictures sampled a second time with the SDE's transitions at
+/// the plan's evaluation steps, the evaluation itself staying deterministic; refused, every
+/// reason at once, where there is no SDE, no fixed step, or the evaluation is the SDE's.
+#[test]
+fn the_sde_gap_samples_at_the_plans_evaluation_steps() {
+    let shapes = TrainConfig::shapes_world_lora();
+    assert!(!shapes.eval.sde_gap);
+    assert_eq!(shapes.preflight().unwrap().eval_gap_steps, None);
+    assert!(!shapes.to_toml_string().unwrap().contains("sde_gap"));
+    let c = shapes_recipe_with(&["eval.sde_gap=true"]);
+    let p = c.preflight().unwrap();
+    assert_eq!(p.eval_gap_steps.as_ref().unwrap().as_slice(), &[3, 4, 5]);
+    assert!(
+        p.eval_sde_steps.is_empty(),
+        "the evaluation stays deterministic"
+    );
+    assert!(c.to_toml_string().unwrap().contains("sde_gap = true"));
+
+    let c = shapes_recipe_with(&["eval.sde_gap=true", "eval.sampling=\"sde\""]);
+    let text = problems(&c);
+    assert_eq!(text.len(), 1, "{text:?}");
+    assert!(
+        text[0].contains("eval.sde_gap") && text[0].contains("already"),
+        "{text:?}"
+    );
+    let mut o = algorithm_overrides("nft").unwrap();
+    o.extend(Override::parse_all(&["eval.sde_gap=true", "eval.num_inference_steps=24"]).unwrap());
+    let c = TrainConfig::from_recipe(RecipeName::ShapesWorldLora, &o).unwrap();
+    let text = problems(&c);
+    assert_eq!(
+        text.iter().filter(|m| m.contains("eval.sde_gap")).count(),
+        2,
+        "{text:?}"
+    );
+    assert!(text.iter().any(|m| m.contains("no SDE")), "{text:?}");
+    let mut o = algorithm_overrides("mix_grpo").unwrap();
+    o.push(Override::parse("eval.sde_gap=true").unwrap());
+    let c = TrainConfig::from_recipe(RecipeName::ShapesWorldLora, &o).unwrap();
+    let text = problems(&c);
+    assert_eq!(text.len(), 1, "{text:?}");
+    assert!(
+        text[0].contains("eval.sde_gap") && text[0].contains("sliding window"),
+        "{text:?}"
+    );
+}
+
 /// FDFO's section: `kind` alone takes the paper's SPO `ε` 0.03 and the raw reward difference;
 /// its preset passes preflight; without its churn pairs every missing piece is named at once;
 /// a DPO group below 2 is named once, by the geometry every algorithm shares.
