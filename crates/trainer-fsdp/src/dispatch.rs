@@ -36,6 +36,7 @@ use crate::fdfo::Fdfo;
 use crate::guard::GrpoGuard;
 use crate::nft::Nft;
 use crate::qwen_image_world::QwenImageWorld;
+use crate::raft::Raft;
 use crate::run::{Run, RunSummary};
 use crate::shapes_world::ShapesWorld;
 use crate::signal::StopFlag;
@@ -151,6 +152,7 @@ pub fn with_algorithm<B: AutodiffBackend, W: World<B>, J: Job<B>>(
         AlgorithmPlan::Nft { .. } => job.run(world, Nft::from_plan(plan).expect("its plan")),
         AlgorithmPlan::Dpo { .. } => job.run(world, Dpo::from_plan(plan).expect("its plan")),
         AlgorithmPlan::Fdfo { .. } => job.run(world, Fdfo::from_plan(plan).expect("its plan")),
+        AlgorithmPlan::Raft { .. } => job.run(world, Raft::from_plan(plan).expect("its plan")),
         AlgorithmPlan::GrpoGuard { .. } => {
             job.run(world, GrpoGuard::from_plan(plan).expect("its plan"))
         }
@@ -259,6 +261,15 @@ impl FromPlan for Dpo {
     fn from_plan(plan: &AlgorithmPlan) -> Option<Self> {
         match *plan {
             AlgorithmPlan::Dpo { beta } => Some(Dpo { beta }),
+            _ => None,
+        }
+    }
+}
+
+impl FromPlan for Raft {
+    fn from_plan(plan: &AlgorithmPlan) -> Option<Self> {
+        match *plan {
+            AlgorithmPlan::Raft { top_k } => Some(Raft { top_k }),
             _ => None,
         }
     }

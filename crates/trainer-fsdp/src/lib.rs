@@ -24,7 +24,7 @@
 //!   evaluate, checkpoint, resume — over three seams: [`world`] ([`World`]: prompts, encoder,
 //!   policy, decoder, scorers), [`algorithm`] ([`Algorithm`]: [`FlowGrpo`] with its DPOK,
 //!   MixGRPO, DanceGRPO and Flow-GRPO-Fast settings, [`GrpoGuard`], [`Awm`], [`Nft`], [`Dpo`],
-//!   [`Fdfo`]) and [`workers`] ([`Workers`]: [`LocalWorkers`], one process, and, with the
+//!   [`Fdfo`], and the best-of-N fine-tuning baseline [`Raft`]) and [`workers`] ([`Workers`]: [`LocalWorkers`], one process, and, with the
 //!   `collective` feature (on by default), `CollectiveWorkers` on several ranks through burn's
 //!   collective runtime, module `ranks`).
 //! * [`rollout`]: the sampler (the kernel on the trained steps, a solver elsewhere) and the
@@ -66,6 +66,7 @@ pub mod monitor;
 pub mod nft;
 pub mod prompt_files;
 pub mod qwen_image_world;
+pub mod raft;
 #[cfg(feature = "collective")]
 pub mod ranks;
 mod rng;
@@ -108,6 +109,7 @@ pub use monitor::{
     read_jsonl, sample_grid, series, upscale, write_png, write_reward_curve,
 };
 pub use nft::Nft;
+pub use raft::Raft;
 pub use rng::TrainerRng;
 pub use run::{
     EvalReport, EvalSummary, RolloutBatch, Run, RunSummary, TrainContext, TrainReport,

@@ -465,6 +465,49 @@ fn dpo_trains_on_each_groups_best_and_worst() {
     );
 }
 
+/// RAFT end to end: each group's best sample is fine-tuned on, the held-out reward rises,
+/// the samples selected are logged, and a `top_k` of the whole group is refused.
+fn raft_fine_tunes_on_each_groups_best() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut run = start_raft(dir.path(), ROLLOUTS, &[]);
+    let summary = run.run(&StopFlag::new()).unwrap();
+    let (a, b) = (summary.initial_eval.unwrap(), summary.final_eval.unwrap());
+    assert_rose("RAFT: ", &a, &b, 0.3, 5.0);
+    let selected = logged(dir.path(), names::TRAIN_RAFT_SELECTED);
+    assert_eq!(selected.len() as u64, ROLLOUTS);
+    // 4 groups of 4 over 2 updates: the best of 2 groups per update
+    assert_eq!(selected[0], 2.0);
+    let error = logged(dir.path(), names::TRAIN_RAFT_ERROR);
+    assert!(error.iter().all(|e| e.is_finite() && *e > 0.0), "{error:?}");
+    let none = tempfile::tempdir().unwrap();
+    let err = config(
+        none.path(),
+        1,
+        &[
+            "algorithm={ kind = \"raft\", top_k = 4 }",
+            "sampling.eta=0.0",
+        ],
+    )
+    .preflight()
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("algorithm.top_k"), "{err}");
+    let err = config(none.path(), 1, &["algorithm={ kind = \"raft\" }"])
+        .preflight()
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("sampling.eta"), "{err}");
+    println!(
+        "test raft_fine_tunes_on_each_groups_best ... ok (held-out closeness {:.3} ± {:.3} -> {:.3} ± {:.3}, flow-matching error {:.3} -> {:.3})",
+        a.reward,
+        a.stderr,
+        b.reward,
+        b.stderr,
+        error[0],
+        error[error.len() - 1]
+    );
+}
+
 /// DPOK through FlowGRPO's replay and anchor: the clamped ratio with the release's reward
 /// weight and KL to the reference; the held-out reward rises and the KL is logged.
 fn dpok_trains_with_its_clamped_ratio() {
@@ -1395,7 +1438,7 @@ fn a_failing_machine_ends_the_other() {
 
 /// Every test, in order; `GAUSSIAN_ONLY=<part of a name>` runs the matching ones alone.
 fn parent() {
-    let tests: [(&str, fn()); 28] = [
+    let tests: [(&str, fn()); 29] = [
         ("the_reward_rises", the_reward_rises),
         (
             "degenerate_rollouts_replay_nothing",
@@ -1457,6 +1500,10 @@ fn parent() {
         (
             "dpo_trains_on_each_groups_best_and_worst",
             dpo_trains_on_each_groups_best_and_worst,
+        ),
+        (
+            "raft_fine_tunes_on_each_groups_best",
+            raft_fine_tunes_on_each_groups_best,
         ),
         (
             "fdfo_trains_on_paired_differences",

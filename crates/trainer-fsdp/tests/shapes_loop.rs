@@ -670,6 +670,7 @@ fn every_preset_trains_the_shapes_world_end_to_end() {
             "FlowGRPO on per-sample timestep subsets",
             "FlowGRPO",
             "FDFO",
+            "RAFT (best-of-N fine-tuning)",
         ]
     );
 }

@@ -23,7 +23,8 @@
 //!              strategy, at_end, span, min_interval, decay_k, decay_threshold })
 //! [rollout]    prompts_per_rollout, group_size, num_updates_per_batch, micro_batch_size,
 //!              shared_initial_noise
-//! [algorithm]  kind = "flow_grpo" | "awm" | "nft" | "dpo" | "dpok" | "grpo_guard" | "fdfo", and the variant's keys — FlowGRPO: eps_clip,
+//! [algorithm]  kind = "flow_grpo" | "awm" | "nft" | "dpo" | "dpok" | "grpo_guard" | "fdfo" |
+//!              "raft", and the variant's keys — FlowGRPO: eps_clip,
 //!              eps_clip_high (optional), advantage_std_mode, kl_coef, anchor ("replay" |
 //!              "rollout", optional), timestep_fraction (DanceGRPO's per-sample subsets,
 //!              optional); AWM (all optional): eps_clip, eps_clip_high,
@@ -36,7 +37,7 @@
 //!              batch_size, minibatches, buffer_size };
 //!              GRPO-Guard (all optional): eps_clip, eps_clip_high, advantage_std_mode,
 //!              kl_coef;
-//!              FDFO (optional): eps, advantage_std_mode
+//!              FDFO (optional): eps, advantage_std_mode; RAFT (optional): top_k
 //! [ema]        decay, warmup ("none" | "flow_grpo" | "linear"), ramp (with "linear"),
 //!              update_interval, precision ("fp32" | "param"): the EMA of the trained weights
 //!              that evaluations sample with and checkpoints export (optional section)
@@ -713,6 +714,10 @@ pub enum AlgorithmSection {
     /// targets for its stored velocities under SPO's trust region ([`crate::Fdfo`]); needs
     /// pairs (`rollout.group_size = 2`) from one `x_T` with churn noise.
     Fdfo(FdfoSection),
+    /// `kind = "raft"`: best-of-N supervised fine-tuning, flow matching on each group's best
+    /// samples of deterministic rollouts ([`crate::Raft`]): the baseline an RL objective has
+    /// to beat at equal CPU; needs `sampling.eta = 0`.
+    Raft(RaftSection),
 }
 
 impl AlgorithmSection {
@@ -726,6 +731,7 @@ impl AlgorithmSection {
             AlgorithmSection::Dpok(_) => "dpok",
             AlgorithmSection::GrpoGuard(_) => "grpo_guard",
             AlgorithmSection::Fdfo(_) => "fdfo",
+            AlgorithmSection::Raft(_) => "raft",
         }
     }
 
@@ -740,6 +746,8 @@ impl AlgorithmSection {
             AlgorithmSection::Dpok(a) => a.advantage_std_mode,
             AlgorithmSection::GrpoGuard(a) => a.advantage_std_mode,
             AlgorithmSection::Fdfo(a) => a.advantage_std_mode,
+            // the advantages only rank a group's samples
+            AlgorithmSection::Raft(_) => AdvantageStdMode::Group,
         }
     }
 }
@@ -1096,12 +1104,13 @@ pub const ALGORITHM_NAMES: &[&str] = &[
     "dance_grpo",
     "flow_grpo_fast",
     "fdfo",
+    "raft",
 ];
 
 /// The overrides that select algorithm `name` on top of a recipe: its `[algorithm]` section
 /// with the variant's defaults, and `sampling.eta = 0` for the objectives on deterministic
-/// rollouts (DiffusionNFT, DPO). `flow_grpo` is the recipes' own section: no override.
-/// The presets without fixed SDE steps to evaluate at (DiffusionNFT, DPO, and the sliding
+/// rollouts (DiffusionNFT, DPO, RAFT). `flow_grpo` is the recipes' own section: no override.
+/// The presets without fixed SDE steps to evaluate at (DiffusionNFT, DPO, RAFT, and the sliding
 /// windows of `mix_grpo` and `flow_grpo_fast`) evaluate deterministically
 /// (`eval.sampling = "ode"`).
 /// `dpok` also takes a quarter of the lr it is given (`optimizer.lr*=0.25`; an
@@ -1143,7 +1152,7 @@ pub fn algorithm_overrides(name: &str) -> Result<Vec<Override>, TrainerError> {
         "flow_grpo" => Ok(Vec::new()),
         "awm" | "grpo_guard" => Ok(vec![section(name)?]),
         "dpok" => Ok(vec![section(name)?, Override::parse("optimizer.lr*=0.25")?]),
-        "nft" | "dpo" => Ok(vec![
+        "nft" | "dpo" | "raft" => Ok(vec![
             section(name)?,
             Override::parse("sampling.eta=0.0")?,
             Override::parse("eval.sampling=\"ode\"")?,
@@ -1196,6 +1205,31 @@ pub fn algorithm_overrides(name: &str) -> Result<Vec<Override>, TrainerError> {
     }
 }
 
+/// RAFT's keys of `[algorithm]`; every key has a default, so `algorithm = { kind = "raft" }`
+/// is a complete section.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RaftSection {
+    /// Candidates of each group fine-tuned on, its best by reward (default 1: best-of-N),
+    /// at least 1 and below `rollout.group_size`.
+    #[serde(default = "RaftSection::default_top_k")]
+    pub top_k: usize,
+}
+
+impl RaftSection {
+    fn default_top_k() -> usize {
+        1
+    }
+}
+
+impl Default for RaftSection {
+    fn default() -> Self {
+        Self {
+            top_k: Self::default_top_k(),
+        }
+    }
+}
+
 /// Paired finite differences' keys of `[algorithm]`; every key has a default, so
 /// `algorithm = { kind = "fdfo" }` is a complete section.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -1232,7 +1266,10 @@ impl Default for FdfoSection {
 impl AlgorithmSection {
     /// Whether the objective trains on deterministic rollouts (`sampling.eta = 0`).
     pub fn ode_rollouts(&self) -> bool {
-        matches!(self, AlgorithmSection::Nft(_) | AlgorithmSection::Dpo(_))
+        matches!(
+            self,
+            AlgorithmSection::Nft(_) | AlgorithmSection::Dpo(_) | AlgorithmSection::Raft(_)
+        )
     }
 }
 

@@ -62,7 +62,7 @@ impl TrainConfig {
             p.push(PreflightProblem::OutOfRange {
                 key: "sampling.eta",
                 given: s.eta.to_string(),
-                allowed: "0 with algorithm.kind = \"nft\" or \"dpo\" (their rollouts are deterministic: every step \
+                allowed: "0 with algorithm.kind = \"nft\", \"dpo\" or \"raft\" (their rollouts are deterministic: every step \
                           runs sampling.solver, and the trained steps are their training timesteps)",
             });
         } else if !ode_rollouts && !stochastic_eta {
@@ -83,7 +83,7 @@ impl TrainConfig {
                     SdeKind::Churn => "\"churn\"",
                 }
                 .into(),
-                allowed: "\"sde\" (the recipes' value) with algorithm.kind = \"nft\" or \"dpo\": their \
+                allowed: "\"sde\" (the recipes' value) with algorithm.kind = \"nft\", \"dpo\" or \"raft\": their \
                           rollouts are deterministic and take no SDE",
             });
         }
@@ -177,10 +177,10 @@ impl TrainConfig {
                     key,
                     given: given.into(),
                     allowed: if sde_eval {
-                        "\"ode\" with algorithm.kind = \"nft\" or \"dpo\" (their rollouts take no \
+                        "\"ode\" with algorithm.kind = \"nft\", \"dpo\" or \"raft\" (their rollouts take no \
                          SDE transition, so there is none to evaluate with)"
                     } else {
-                        "false with algorithm.kind = \"nft\" or \"dpo\" (their rollouts take no \
+                        "false with algorithm.kind = \"nft\", \"dpo\" or \"raft\" (their rollouts take no \
                          SDE transition, so there is none to compare with)"
                     },
                 });
@@ -295,6 +295,18 @@ impl TrainConfig {
                 key: "run.cpu_budget_seconds",
                 given: budget.to_string(),
                 allowed: "a finite value > 0 (CPU seconds of rollouts, scoring and updates), or absent",
+            });
+        }
+        if let AlgorithmSection::Raft(raft) = &self.algorithm
+            && raft.top_k >= self.rollout.group_size
+            && self.rollout.group_size >= 2
+        {
+            p.push(PreflightProblem::OutOfRange {
+                key: "algorithm.top_k",
+                given: raft.top_k.to_string(),
+                allowed: "below rollout.group_size with algorithm.kind = \"raft\" (a group's best \
+                          are chosen from it: the whole group would be plain fine-tuning on \
+                          every sample)",
             });
         }
         if let AlgorithmSection::Fdfo(_) = &self.algorithm {
@@ -1013,6 +1025,18 @@ fn check_algorithm(
             })
         }
         AlgorithmSection::Nft(n) => check_nft(n, p),
+        AlgorithmSection::Raft(r) => {
+            if r.top_k >= 1 {
+                Some(AlgorithmPlan::Raft { top_k: r.top_k })
+            } else {
+                p.push(PreflightProblem::OutOfRange {
+                    key: "algorithm.top_k",
+                    given: r.top_k.to_string(),
+                    allowed: "at least 1 (the best sample of each group; 1 is best-of-N)",
+                });
+                None
+            }
+        }
         AlgorithmSection::Fdfo(f) => {
             if f.eps.is_finite() && f.eps > 0.0 {
                 Some(AlgorithmPlan::Fdfo { eps: f.eps })
@@ -1662,6 +1686,11 @@ pub enum AlgorithmPlan {
         kl_coef: f64,
         /// The weight of the velocity KL to the EMA copy.
         ema_kl_coef: f64,
+    },
+    /// RAFT, best-of-N fine-tuning.
+    Raft {
+        /// Candidates of each group fine-tuned on.
+        top_k: usize,
     },
     /// Paired finite differences.
     Fdfo {

@@ -275,6 +275,7 @@ fn no_silent_defaults_and_no_unknown_keys() {
         "dpo",
         "dpok",
         "fdfo",
+        "raft",
     ] {
         assert!(msg.contains(kind), "{kind}: {msg}");
     }

@@ -87,6 +87,10 @@ pub const TRAIN_DPO_MODEL_MARGIN: &str = "train/dpo_model_margin";
 pub const TRAIN_DPO_REFERENCE_MARGIN: &str = "train/dpo_reference_margin";
 /// Online DPO: (pair, timestep) terms per update.
 pub const TRAIN_DPO_PAIRS: &str = "train/dpo_pairs";
+/// RAFT: samples fine-tuned on per update (each group's best), averaged over the updates.
+pub const TRAIN_RAFT_SELECTED: &str = "train/raft_selected";
+/// RAFT: the selected samples' flow-matching error over the training timesteps.
+pub const TRAIN_RAFT_ERROR: &str = "train/raft_error";
 /// Paired finite differences: the mean SPO proxy ratio `ρ`.
 pub const TRAIN_SPO_RATIO_MEAN: &str = "train/spo_ratio_mean";
 /// Paired finite differences: the largest `|ρ - 1|`.
@@ -126,6 +130,8 @@ pub const OPTIONAL: &[&str] = &[
     TRAIN_DPO_MODEL_MARGIN,
     TRAIN_DPO_REFERENCE_MARGIN,
     TRAIN_DPO_PAIRS,
+    TRAIN_RAFT_SELECTED,
+    TRAIN_RAFT_ERROR,
     TRAIN_SPO_RATIO_MEAN,
     TRAIN_SPO_RATIO_MAX_DEVIATION,
     TRAIN_VALUE_LOSS,
@@ -264,7 +270,7 @@ pub fn rank_reduction(name: &str) -> RankReduction {
         ROLLOUT_FIRST_TRAINED_STEP,
         ROLLOUT_LAST_TRAINED_STEP,
     ];
-    const SUM: &[&str] = &[TRAIN_NUM_MICROBATCHES, TRAIN_DPO_PAIRS];
+    const SUM: &[&str] = &[TRAIN_NUM_MICROBATCHES, TRAIN_DPO_PAIRS, TRAIN_RAFT_SELECTED];
     if SAME.contains(&name) {
         RankReduction::Same
     } else if SUM.contains(&name) || name.ends_with("_per_s") {

@@ -563,6 +563,14 @@ pub fn start_dpo(root: &Path, rollouts: u64, extra: &[&str]) -> DpoRun {
     start_with(root, rollouts, "dpo", extra)
 }
 
+/// The Gaussian-world run under RAFT.
+pub type RaftRun = Run<Train, GaussianWorld, trainer_fsdp::Raft, LocalWorkers>;
+
+/// A RAFT run with the `raft` preset (`sampling.eta = 0`), then `extra`.
+pub fn start_raft(root: &Path, rollouts: u64, extra: &[&str]) -> RaftRun {
+    start_with(root, rollouts, "raft", extra)
+}
+
 /// The Gaussian-world run under paired finite differences.
 pub type FdfoRun = Run<Train, GaussianWorld, trainer_fsdp::Fdfo, LocalWorkers>;
 
