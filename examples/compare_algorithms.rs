@@ -77,7 +77,7 @@ struct Args {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "flow_grpo,awm,nft,dpo,dpok,grpo_guard,mix_grpo,dance_grpo,flow_grpo_fast,fdfo"
+        default_value = "flow_grpo,awm,nft,dpo,dpok,grpo_guard,mix_grpo,dance_grpo,flow_grpo_fast,fdfo,raft"
     )]
     methods: Vec<String>,
     /// A labelled variant of a method, `LABEL=METHOD` (repeatable): one more entry of the

@@ -172,6 +172,13 @@ struct Args {
     /// on any scene (the single-object category is then almost all held out).
     #[arg(long)]
     held_out_in_data: bool,
+    /// Stop once the training steps have spent this many CPU seconds (user + system, every
+    /// thread; evaluations excluded), as the trainer's `run.cpu_budget_seconds` charges an RL
+    /// run: the supervised baselines at equal CPU (continued pretraining on the same corpus,
+    /// training on true captions). `--steps` is then the most steps; needs `--lr-schedule
+    /// constant` (a decay needs its length) and `--eval-every 0`, and no `--state`.
+    #[arg(long)]
+    cpu_budget: Option<f64>,
     /// With `--init-from`: append this many transformer blocks whose AdaLN modulations start
     /// at zero (so every gate is closed and the grown model computes exactly what the loaded
     /// one did), to train a deeper generator from a shallower one.
@@ -309,6 +316,17 @@ fn check_args(args: &Args) -> Result<()> {
         args.warmup,
         args.steps
     );
+    if let Some(budget) = args.cpu_budget {
+        anyhow::ensure!(
+            budget.is_finite() && budget > 0.0,
+            "--cpu-budget {budget}: expected a finite number of CPU seconds above 0"
+        );
+        anyhow::ensure!(
+            args.lr_schedule == LrShape::Constant && args.eval_every == 0 && args.state.is_none(),
+            "--cpu-budget {budget} ends the run at a time no schedule knows in advance; expected \
+             --lr-schedule constant, --eval-every 0 and no --state"
+        );
+    }
     anyhow::ensure!(
         args.grow_layers == 0 || args.init_from.is_some(),
         "--grow-layers {} grows a loaded generator; expected --init-from (a generator trained \
@@ -718,7 +736,18 @@ fn main() -> Result<()> {
     if args.init_from.is_some() && args.steps > 0 && resumed.is_none() {
         evaluate(&average.valid(), &eval_sigmas, &args, "start")?;
     }
+    // the training steps' CPU seconds, for --cpu-budget (the evaluations before are not)
+    let train_cpu_start = process_cpu_seconds();
     for step in first..args.steps {
+        if let Some(budget) = args.cpu_budget
+            && process_cpu_seconds() - train_cpu_start >= budget
+        {
+            println!(
+                "--cpu-budget {budget}: spent after {step} steps ({:.0} training CPU s)",
+                process_cpu_seconds() - train_cpu_start
+            );
+            break;
+        }
         let mut images = Vec::with_capacity(args.batch);
         let mut prompts = Vec::with_capacity(args.batch);
         while images.len() < args.batch {

@@ -63,9 +63,10 @@ struct Args {
     /// (GRPO-Guard's regulated ratio), `mix_grpo` (FlowGRPO on MixGRPO's sliding window),
     /// `dance_grpo` (FlowGRPO on DanceGRPO's Dance kernel at every step but the last, with
     /// per-sample random subsets of 60 % of them), `flow_grpo_fast` (FlowGRPO on one random
-    /// window of 2 early steps per rollout, the ODE elsewhere) or `fdfo` (paired finite
-    /// differences: pairs from one x_T with churn noise); `--set algorithm.<key>=...` still
-    /// applies after it.
+    /// window of 2 early steps per rollout, the ODE elsewhere), `fdfo` (paired finite
+    /// differences: pairs from one x_T with churn noise) or `raft` (the baseline: supervised
+    /// fine-tuning on each group's best deterministic sample); `--set algorithm.<key>=...`
+    /// still applies after it.
     #[arg(long, value_name = "NAME")]
     algorithm: Option<String>,
     /// A diffusers Qwen-Image directory (trains the real model instead of the shapes world;
