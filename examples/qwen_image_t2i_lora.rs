@@ -327,7 +327,11 @@ fn main() -> Result<()> {
                 let command = std::iter::once(
                     "cargo run --release --example qwen_image_t2i_lora --".to_string(),
                 )
-                .chain(std::env::args().skip(1))
+                .chain(
+                    std::env::args()
+                        .skip(1)
+                        .map(|a| trainer_fsdp::sweep::shell_word(&a)),
+                )
                 .collect::<Vec<_>>()
                 .join(" ");
                 durable::write_atomic(&table_path, table.markdown(&command, &machine()).as_bytes())
