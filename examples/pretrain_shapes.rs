@@ -33,6 +33,17 @@
 //!     --eval-every 1000 --eval-guidance 4 --state runs/base/state --resume --out runs/base/final
 //! ```
 //!
+//! The supervised baselines of an RL run at equal CPU (issue 51): continued pretraining on the
+//! same corpus, and training on true captions (the answers), each stopped when its training
+//! steps have spent the RL run's `perf/train_cpu_seconds`:
+//!
+//! ```sh
+//! cargo run --release --example pretrain_shapes -- --init-from fixtures/shapes_world_v2 \
+//!     --seed 300 --batch 64 --lr 2e-4 --warmup 20 --steps 100000 --cpu-budget 175 \
+//!     --caption-noise 0.6 --caption-dropout 0.1 --eval-every 0 --eval-samples 48 --eval-seed 0 \
+//!     --out runs/continued   # --caption-noise 0: the answers
+//! ```
+//!
 //! Every evaluation prints the held-out reward at guidance 1 (as the rollouts sample) and,
 //! with `--eval-guidance`, guided toward the empty prompt (the capability the generator has
 //! but does not use), each with the second judge's score (`reward::shapes::judge_rerendered`)
