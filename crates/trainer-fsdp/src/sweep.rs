@@ -188,6 +188,30 @@ impl SweepTable {
     }
 }
 
+/// One command-line argument as a POSIX shell reads it back: as it is when it holds only
+/// characters no shell treats specially, else in single quotes (a single quote inside closed,
+/// escaped and reopened), so that a table's `Command:` line runs as it was typed.
+///
+/// ```
+/// use trainer_fsdp::sweep::shell_word;
+/// assert_eq!(shell_word("--seeds"), "--seeds");
+/// assert_eq!(shell_word("optimizer.lr=5e-4"), "optimizer.lr=5e-4");
+/// assert_eq!(
+///     shell_word(r#"model.generator={ shapes_world = { dir = "d" } }"#),
+///     r#"'model.generator={ shapes_world = { dir = "d" } }'"#
+/// );
+/// assert_eq!(shell_word("it's"), r#"'it'\''s'"#);
+/// assert_eq!(shell_word(""), "''");
+/// ```
+pub fn shell_word(arg: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c);
+    if !arg.is_empty() && arg.chars().all(plain) {
+        arg.to_string()
+    } else {
+        format!("'{}'", arg.replace('\'', r"'\''"))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -261,29 +285,5 @@ mod tests {
         let mut outcomes = t.outcomes.clone();
         outcomes[0].last.second = None;
         assert!(SweepTable::new(outcomes).second_gain.is_none());
-    }
-}
-
-/// One command-line argument as a POSIX shell reads it back: as it is when it holds only
-/// characters no shell treats specially, else in single quotes (a single quote inside closed,
-/// escaped and reopened), so that a table's `Command:` line runs as it was typed.
-///
-/// ```
-/// use trainer_fsdp::sweep::shell_word;
-/// assert_eq!(shell_word("--seeds"), "--seeds");
-/// assert_eq!(shell_word("optimizer.lr=5e-4"), "optimizer.lr=5e-4");
-/// assert_eq!(
-///     shell_word(r#"model.generator={ shapes_world = { dir = "d" } }"#),
-///     r#"'model.generator={ shapes_world = { dir = "d" } }'"#
-/// );
-/// assert_eq!(shell_word("it's"), r#"'it'\''s'"#);
-/// assert_eq!(shell_word(""), "''");
-/// ```
-pub fn shell_word(arg: &str) -> String {
-    let plain = |c: char| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c);
-    if !arg.is_empty() && arg.chars().all(plain) {
-        arg.to_string()
-    } else {
-        format!("'{}'", arg.replace('\'', r"'\''"))
     }
 }
