@@ -353,7 +353,7 @@ impl<B: Backend> QwenImageTransformer2DModel<B> {
     /// base-model hash is dropped (the weights are another model's).
     ///
     /// # Errors
-    /// [`DitError::InvalidLora`] when an adapter is attached (grow the base, then attach).
+    /// [`crate::DitError::InvalidLora`] when an adapter is attached (grow the base, then attach).
     pub fn grow(mut self, n: usize, device: &B::Device) -> Result<Self, crate::DitError> {
         if self.lora_config.is_some() {
             return Err(crate::DitError::InvalidLora {
