@@ -231,10 +231,12 @@ fn write_outputs(curves: &[RunCurve], header: &str, out: &Path) -> Result<String
 
 /// The command line for the table's header.
 fn header(args: &Args) -> String {
+    // each argument quoted as a shell reads it back
+    let w = trainer_fsdp::sweep::shell_word;
     let mut header = String::from("Command: `cargo run --release --example compare_algorithms --");
     if !args.from_curves.is_empty() {
         for f in &args.from_curves {
-            let _ = write!(header, " --from-curves {}", f.display());
+            let _ = write!(header, " --from-curves {}", w(&f.display().to_string()));
         }
         header.push_str("` (the runs' own commands made the files)\n");
         return header;
@@ -242,7 +244,7 @@ fn header(args: &Args) -> String {
     let _ = write!(
         header,
         " --methods {} --seeds {} --first-seed {} --budget {} --eval-interval {} --recipe {}",
-        args.methods.join(","),
+        w(&args.methods.join(",")),
         args.seeds,
         args.first_seed,
         args.budget,
@@ -250,13 +252,13 @@ fn header(args: &Args) -> String {
         args.recipe,
     );
     for o in &args.overrides {
-        let _ = write!(header, " --set {o}");
+        let _ = write!(header, " --set {}", w(o));
     }
     for v in &args.variants {
-        let _ = write!(header, " --variant {v}");
+        let _ = write!(header, " --variant {}", w(v));
     }
     for o in &args.set_for {
-        let _ = write!(header, " --set-for {o}");
+        let _ = write!(header, " --set-for {}", w(o));
     }
     header.push_str("`\n");
     header
