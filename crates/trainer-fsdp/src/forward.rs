@@ -4,8 +4,6 @@
 //! ([`noise_recipe::forward_noise`] of the candidate's seed and the step), so that every
 //! policy a loss compares (live, frozen, old, reference, EMA) sees the same `x_σ`.
 
-use std::ops::Range;
-
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Tensor, TensorData};
 use velocity_model::Conditioning;
@@ -73,14 +71,15 @@ pub(crate) struct Pick {
     pub noise_seed: u64,
 }
 
-/// The forward-process rows of rollout samples `samples` (group-major indices), each with its
-/// own candidate's noise; `None` when the range or the training timesteps are empty.
+/// The forward-process rows of rollout samples `samples` (group-major indices, a range or any
+/// selection), each with its own candidate's noise; `None` when there are none or no
+/// training timesteps.
 ///
 /// # Errors
 /// As [`forward_rows_of`].
 pub(crate) fn forward_rows<B, W, Bx>(
     ctx: &TrainContext<'_, B, W>,
-    samples: Range<usize>,
+    samples: impl IntoIterator<Item = usize>,
 ) -> Result<Rows<Bx, B, W>, TrainerError>
 where
     B: AutodiffBackend,
@@ -89,6 +88,7 @@ where
 {
     let g = ctx.batch.group_size();
     let picks: Vec<Pick> = samples
+        .into_iter()
         .map(|i| Pick {
             sample: i,
             noise_seed: ctx.batch.trajectories[i / g].common.candidates[i % g].seed_hash,

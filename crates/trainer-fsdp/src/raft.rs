@@ -25,7 +25,7 @@ use velocity_model::VelocityModel;
 
 use crate::algorithm::{Algorithm, Recording};
 use crate::error::TrainerError;
-use crate::forward::{Pick, forward_rows_of};
+use crate::forward::forward_rows;
 use crate::monitor::{Metrics, names};
 use crate::run::TrainContext;
 use crate::train::{MicroBatchLoss, UpdateReport};
@@ -125,15 +125,7 @@ impl<B: AutodiffBackend, W: World<B>> Algorithm<B, W> for Raft {
         let g = ctx.batch.group_size();
         let len = samples.len();
         let selected = best_of_groups(&ctx.advantages.values, samples, g, self.top_k);
-        let seed = |i: usize| ctx.batch.trajectories[i / g].common.candidates[i % g].seed_hash;
-        let picks: Vec<Pick> = selected
-            .iter()
-            .map(|&i| Pick {
-                sample: i,
-                noise_seed: seed(i),
-            })
-            .collect();
-        let Some(rows) = forward_rows_of::<B, W, B>(ctx, &picks)? else {
+        let Some(rows) = forward_rows::<B, W, B>(ctx, selected.iter().copied())? else {
             return Ok(MicroBatchLoss {
                 loss: Tensor::zeros([1], ctx.device),
                 elements: 0,

@@ -1328,18 +1328,23 @@ where
         } else {
             self.workers.host_threads()
         };
-        let (samples, stats) = evaluate_policy::<B, W>(
-            &self.world,
-            &self.handed_out().valid(),
-            &self.eval_spec,
-            &self.pre.eval_sde_steps,
-            k,
-            self.cfg.run.seed,
-            &self.cfg.reward.component_weights,
-            self.cfg.eval.guidance.as_ref(),
-            threads,
-            &self.device,
-        )?;
+        // the policy once, for the evaluation and (`eval.sde_gap`) its SDE pictures
+        let policy = self.handed_out().valid();
+        let sample = |noised: &SdeSteps| {
+            evaluate_policy::<B, W>(
+                &self.world,
+                &policy,
+                &self.eval_spec,
+                noised,
+                k,
+                self.cfg.run.seed,
+                &self.cfg.reward.component_weights,
+                self.cfg.eval.guidance.as_ref(),
+                threads,
+                &self.device,
+            )
+        };
+        let (samples, stats) = sample(&self.pre.eval_sde_steps)?;
         let images: Vec<RgbImage> = samples
             .iter()
             .step_by(k)
@@ -1392,18 +1397,7 @@ where
         // the same prompts, seeds and initial noise, with the rollouts' SDE transitions
         let sde = match &self.pre.eval_gap_steps {
             Some(steps) => {
-                let (_, sde) = evaluate_policy::<B, W>(
-                    &self.world,
-                    &self.handed_out().valid(),
-                    &self.eval_spec,
-                    steps,
-                    k,
-                    self.cfg.run.seed,
-                    &self.cfg.reward.component_weights,
-                    self.cfg.eval.guidance.as_ref(),
-                    threads,
-                    &self.device,
-                )?;
+                let (_, sde) = sample(steps)?;
                 Some((sde.mean, sde.stderr))
             }
             None => None,
