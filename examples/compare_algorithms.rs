@@ -14,7 +14,10 @@
 //!
 //! Each run is the recipe (`--recipe`, the shapes world's by default) with the method's
 //! `[algorithm]` (as `qwen_image_t2i_lora --algorithm`), `run.seed`, `run.cpu_budget_seconds`
-//! and `eval.interval` set, then every `--set`, then the entry's own `--set-for`. A
+//! and `eval.interval` set, and a constant learning rate (a run that ends when its CPU is
+//! spent has no known last step for the recipe's decay to reach: `optimizer.lr_scheduler =
+//! "constant"` without `lr_decay_iters`, unless a `--set` gives a schedule), then every
+//! `--set`, then the entry's own `--set-for`. A
 //! `--variant LABEL=METHOD` is one more entry running METHOD under its own label (with its own
 //! `--set-for LABEL:KEY=VALUE`), so that one table holds a method and its variants. It runs
 //! until its budget is spent and ends with an evaluation. Runs go to
@@ -786,6 +789,12 @@ fn config(
         "eval.interval={}",
         args.eval_interval
     ))?);
+    // a budgeted run has no last step for a decaying rate to reach
+    o.extend(Override::parse_all(&[
+        "optimizer.lr_scheduler=\"constant\"",
+        "optimizer.lr_decay_iters=",
+        "optimizer.min_lr=0.0",
+    ])?);
     o.extend(Override::parse_all(&args.overrides)?);
     o.extend(Override::parse_all(&entry.overrides)?);
     Ok(TrainConfig::from_recipe(recipe, &o)?)

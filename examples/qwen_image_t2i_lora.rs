@@ -3,9 +3,11 @@
 //! With no arguments it runs the embedded default: the `shapes_world_lora` recipe (seed 002's
 //! validated recipe shape — 12 denoising steps, 3 trained SDE steps redrawn per rollout from
 //! the pool [1..5], group size 8, 2 disjoint updates per rollout, eps_clip 1e-4, LoRA dropout
-//! 0, no CFG — scaled to two CPU cores, with Flow-SDE eta 1.2 for the seed's 0.7) on the shapes world: the base
-//! generator committed under `fixtures/shapes_world` (made by the `pretrain_shapes` example)
-//! and the verifiable composition reward of `reward::shapes`. It reports the held-out reward
+//! 0, no CFG — scaled to two CPU cores: 200 rollouts, Flow-SDE eta 0.7, a KL of 0.04 to the
+//! reference, the lr decaying along a cosine) on the shapes world: the base generator
+//! committed under `fixtures/shapes_world_v2` (made by the `pretrain_shapes` example: clean
+//! shapes, misaligned by corrupted captions) and the verifiable composition reward of
+//! `reward::shapes`. It reports the held-out reward
 //! (fixed prompts and seeds, deterministic sampling) before and after.
 //!
 //! ```sh

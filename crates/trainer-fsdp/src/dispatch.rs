@@ -28,7 +28,8 @@ use burn::tensor::backend::AutodiffBackend;
 use crate::algorithm::{Algorithm, FlowGrpo};
 use crate::awm::Awm;
 use crate::config::{
-    AlgorithmPlan, GeneratorSource, Preflight, TrainConfig, TrainableMode, WindowStrategyKind,
+    AlgorithmPlan, GeneratorSource, LrSchedulerKind, Preflight, TrainConfig, TrainableMode,
+    WindowStrategyKind,
 };
 use crate::dpo::Dpo;
 use crate::error::TrainerError;
@@ -369,7 +370,7 @@ impl<B: AutodiffBackend> Job<B> for TrainJob<B> {
 /// The one-line banner of a training run.
 fn banner(cfg: &TrainConfig, algorithm: &str, world: &str, run_dir: &Path) -> String {
     format!(
-        "flowrl {} ({}) in the {}: {} rollouts of {} prompts x {} candidates{}, {} steps ({}), {}{}, lr {}, seed {}; run directory {}",
+        "flowrl {} ({}) in the {}: {} rollouts of {} prompts x {} candidates{}, {} steps ({}), {}{}, lr {}{}, seed {}; run directory {}",
         algorithm,
         cfg.recipe.map(|r| r.as_str()).unwrap_or("config file"),
         world,
@@ -392,9 +393,24 @@ fn banner(cfg: &TrainConfig, algorithm: &str, world: &str, run_dir: &Path) -> St
             None => String::new(),
         },
         cfg.optimizer.lr,
+        lr_shape(cfg),
         cfg.run.seed,
         run_dir.display(),
     )
+}
+
+/// The banner's description of how the rate moves after `lr` (nothing for a constant one).
+fn lr_shape(cfg: &TrainConfig) -> String {
+    let o = &cfg.optimizer;
+    let shape = match o.lr_scheduler {
+        LrSchedulerKind::Constant => return String::new(),
+        LrSchedulerKind::Linear => "linearly",
+        LrSchedulerKind::Cosine => "along a cosine",
+    };
+    match o.lr_decay_iters {
+        Some(d) => format!(" decaying {shape} to {} at optimizer step {d}", o.min_lr),
+        None => format!(" decaying {shape} to {}", o.min_lr),
+    }
 }
 
 /// The banner's description of the trained steps.
@@ -553,7 +569,22 @@ mod tests {
     #[test]
     fn the_banner_names_what_is_trained() {
         let lora = banner(&with(&[]), "FlowGRPO", "shapes world", Path::new("runs/x"));
-        assert!(lora.contains(", LoRA rank 8, lr 0.002,"), "{lora}");
+        assert!(
+            lora.contains(
+                ", LoRA rank 8, lr 0.001 decaying along a cosine to 0 at optimizer step 400,"
+            ),
+            "{lora}"
+        );
+        let constant = banner(
+            &with(&[
+                "optimizer.lr_scheduler=\"constant\"",
+                "optimizer.lr_decay_iters=",
+            ]),
+            "FlowGRPO",
+            "shapes world",
+            Path::new("runs/x"),
+        );
+        assert!(constant.contains(", lr 0.001, seed 0;"), "{constant}");
         let full = banner(
             &with(&["model.trainable_mode=\"full\"", "lora="]),
             "FlowGRPO",
@@ -561,7 +592,7 @@ mod tests {
             Path::new("runs/x"),
         );
         assert!(
-            full.contains(", every weight trained (full fine-tune), lr 0.002,"),
+            full.contains(", every weight trained (full fine-tune), lr 0.001 decaying"),
             "{full}"
         );
         assert!(!full.contains("LoRA"), "{full}");

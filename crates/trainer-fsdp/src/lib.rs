@@ -105,8 +105,9 @@ pub use guard::GrpoGuard;
 pub use lr::{LrDecay, LrSchedule, LrScheduler};
 pub use monitor::{
     Axes, Event, EventWriter, JsonlWriter, Metrics, MetricsCursor, MetricsRecord, Monitor,
-    Progress, Rgb, Series, caption_height, crc32c, masked_crc32c, names, plot_curves, read_events,
-    read_jsonl, sample_grid, series, upscale, write_png, write_reward_curve,
+    Progress, Rgb, Series, before_after_grid, caption_height, crc32c, grid_tile, masked_crc32c,
+    names, plot_curves, read_events, read_jsonl, sample_grid, series, upscale, write_png,
+    write_reward_curve,
 };
 pub use nft::Nft;
 pub use raft::Raft;

@@ -61,7 +61,8 @@ use crate::config::{CheckpointFailurePolicy, EvalGuidance, Preflight, TrainConfi
 use crate::ema::{Ema, blend};
 use crate::error::{CheckpointProblem, DrawingProblem, TrainerError, io_err};
 use crate::monitor::{
-    Metrics, Monitor, Progress, names, sample_grid, upscale, write_png, write_reward_curve,
+    Metrics, Monitor, Progress, before_after_grid, grid_tile, names, sample_grid, upscale,
+    write_png, write_reward_curve,
 };
 use crate::rng::TrainerRng;
 use crate::rollout::{SamplerSpec, sample_in_chunks};
@@ -75,6 +76,9 @@ use crate::value::{VALUE_FILES, ValueBaseline, ValueStep, prompt_features, value
 use crate::workers::Workers;
 use crate::world::{Inner, World};
 use velocity_model::{Conditioning, Guided, TrueCfg, VelocityModel};
+
+/// Columns of the evaluation's sample grids.
+const GRID_COLUMNS: u32 = 8;
 
 /// Rows one host thread samples at once in an evaluation.
 pub const EVAL_ROWS_PER_THREAD: usize = 32;
@@ -1374,11 +1378,14 @@ where
             let grid = sample_grid(
                 &tiles,
                 Some(&captions[..tiles.len().min(captions.len())]),
-                8,
+                GRID_COLUMNS,
             )?;
             let dir = self.run_dir.join(run_dir::SAMPLES_DIR);
             std::fs::create_dir_all(&dir).map_err(io_err(&dir, "create the samples directory"))?;
             write_png(&dir.join(format!("eval_{tag}.png")), &grid)?;
+            if tag != "initial" {
+                self.write_before_after(&tiles, &captions, (stats.mean, stats.stderr))?;
+            }
         }
         let judges = self
             .cfg
@@ -1412,6 +1419,60 @@ where
             judges,
             sde,
         })
+    }
+
+    /// `samples/before_after.png`: the held-out pictures of the initial evaluation (cut from
+    /// its grid, `samples/eval_initial.png`) above this evaluation's `after` pictures, prompt
+    /// by prompt, titled with both rewards. Without an initial grid (no initial evaluation in
+    /// this run directory) nothing is drawn; an initial grid of other pictures (the held-out
+    /// set or the tile size changed) is reported and skipped: a picture does not end a run.
+    fn write_before_after(
+        &self,
+        after: &[image::RgbImage],
+        captions: &[String],
+        (reward, stderr): (f64, f64),
+    ) -> Result<(), TrainerError> {
+        let dir = self.run_dir.join(run_dir::SAMPLES_DIR);
+        let initial = dir.join("eval_initial.png");
+        if !initial.exists() {
+            return Ok(());
+        }
+        let grid = image::open(&initial)
+            .map_err(|source| TrainerError::Image {
+                path: initial.clone(),
+                source,
+            })?
+            .to_rgb8();
+        let Some(first) = after.first() else {
+            return Ok(());
+        };
+        let before: Option<Vec<image::RgbImage>> = (0..after.len())
+            .map(|i| grid_tile(&grid, i, first.dimensions(), true, GRID_COLUMNS))
+            .collect();
+        let Some(before) = before else {
+            println!(
+                "{} not drawn: {} holds fewer or smaller pictures than this evaluation",
+                run_dir::BEFORE_AFTER_FILE,
+                initial.display()
+            );
+            return Ok(());
+        };
+        let title = match self.logged_initial_eval()? {
+            Some(e) => format!(
+                "held-out prompts, same seeds: {:.3} +/- {:.3} before, {reward:.3} +/- {stderr:.3} after",
+                e.reward, e.stderr
+            ),
+            None => format!("held-out prompts, same seeds: {reward:.3} +/- {stderr:.3} after"),
+        };
+        let img = before_after_grid(
+            &before,
+            after,
+            &captions[..after.len().min(captions.len())],
+            GRID_COLUMNS,
+            ["before", "after"],
+            &title,
+        )?;
+        write_png(&dir.join(run_dir::BEFORE_AFTER_FILE), &img)
     }
 
     /// Phase 6: a committed checkpoint after rollout `rollout_id`.
@@ -1806,9 +1867,23 @@ where
             .first()
             .cloned()
             .unwrap_or_default();
+        // the held-out evaluation's second judgements beside the reward's, so that a gain
+        // only one judge sees shows in the picture too
+        let judges: Vec<String> = self
+            .cfg
+            .eval
+            .judges
+            .iter()
+            .flat_map(|j| j.components())
+            .map(|c| names::eval_judge(&c))
+            .collect();
+        let curves: Vec<&str> = [reward_metric, EVAL_REWARD]
+            .into_iter()
+            .chain(judges.iter().map(String::as_str))
+            .collect();
         match write_reward_curve(
             &jsonl,
-            &[reward_metric, EVAL_REWARD],
+            &curves,
             &self.run_dir.join(run_dir::REWARD_CURVE_FILE),
             &format!("{first} reward: training rollouts and the held-out evaluation"),
             "reward",

@@ -40,6 +40,9 @@ pub const CONFIG_CHANGES_FILE: &str = "config_changes.log";
 pub const REWARD_CURVE_FILE: &str = "reward_curve.png";
 /// The directory of the held-out sample grids.
 pub const SAMPLES_DIR: &str = "samples";
+/// In [`SAMPLES_DIR`]: the initial evaluation's pictures above the latest evaluation's,
+/// prompt by prompt.
+pub const BEFORE_AFTER_FILE: &str = "before_after.png";
 /// The prefix of the directory an overwritten run is moved into.
 pub const PREVIOUS_PREFIX: &str = "previous-";
 /// The prefix of the directory newer checkpoints are moved into by `checkpoint.resume_from`.

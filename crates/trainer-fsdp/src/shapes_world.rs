@@ -21,8 +21,9 @@
 //!   scenes the prompts ([`eval_prompts`] held out, [`train_prompts`] drawn per rollout).
 //!
 //! The base generator is trained by flow matching on rendered scenes ([`pretrain_loss`];
-//! `cargo run --release --example pretrain_shapes`) and its weights are committed under
-//! `fixtures/shapes_world/`.
+//! `cargo run --release --example pretrain_shapes`); its weights are committed under
+//! `fixtures/shapes_world/` (the first base) and `fixtures/shapes_world_v2/` (continued from
+//! it on corrupted captions: the main job's default).
 
 use std::path::Path;
 

@@ -763,6 +763,47 @@ fn the_evaluation_reports_the_sde_pictures_beside() {
     );
 }
 
+/// A later evaluation draws `samples/before_after.png`: the initial evaluation's pictures (cut
+/// back out of its grid) above the later ones, prompt by prompt; without training in between
+/// the two rows are the same pictures.
+#[test]
+fn a_later_evaluation_draws_the_pictures_before_above_after() {
+    let root = tempfile::tempdir().unwrap();
+    tiny_generator(&root.path().join("generator"));
+    let run = start(root.path(), 1, &[], Box::new(Brightness));
+    let samples = root.path().join("run").join("samples");
+    let before_after = samples.join(trainer_fsdp::run_dir::BEFORE_AFTER_FILE);
+    run.evaluate("initial").unwrap();
+    assert!(
+        !before_after.exists(),
+        "the initial evaluation has no before"
+    );
+    run.evaluate("step_0001").unwrap();
+    let open = |p: &Path| image::open(p).unwrap().to_rgb8();
+    let (pair, initial, later) = (
+        open(&before_after),
+        open(&samples.join("eval_initial.png")),
+        open(&samples.join("eval_step_0001.png")),
+    );
+    // the tiles are enlarged to 128 px; the first pair starts under the title, right of the
+    // label margin
+    let tile = (128, 128);
+    let first = |i| trainer_fsdp::grid_tile(&initial, i, tile, true, 8).unwrap();
+    assert_eq!(
+        first(0),
+        trainer_fsdp::grid_tile(&later, 0, tile, true, 8).unwrap()
+    );
+    let at = |x, y| image::imageops::crop_imm(&pair, x, y, 128, 128).to_image();
+    assert_eq!(at(14, 16), first(0), "prompt 0 before");
+    assert_eq!(at(14, 16 + 130), first(0), "prompt 0 after, under it");
+    assert_eq!(at(14 + 130, 16), first(1), "prompt 1 before, beside");
+    println!(
+        "test a_later_evaluation_draws_the_pictures_before_above_after ... ok ({} x {})",
+        pair.width(),
+        pair.height()
+    );
+}
+
 #[test]
 fn the_evaluation_reports_the_second_judge() {
     let root = tempfile::tempdir().unwrap();

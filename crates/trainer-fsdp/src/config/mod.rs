@@ -1114,9 +1114,9 @@ pub const ALGORITHM_NAMES: &[&str] = &[
 /// windows of `mix_grpo` and `flow_grpo_fast`) evaluate deterministically
 /// (`eval.sampling = "ode"`).
 /// `dpok` also takes a quarter of the lr it is given (`optimizer.lr*=0.25`; an
-/// `optimizer.lr` set after the preset is taken as it is): at `shapes_world_lora`'s 2e-3 DPOK
-/// collapsed on one to three seeds of five on each of two machines, at 5e-4 it gained on
-/// every seed (docs/ALGORITHMS.md).
+/// `optimizer.lr` set after the preset is taken as it is): at the 2e-3 that `shapes_world_lora`
+/// held until 2026-12-07 DPOK collapsed on one to three seeds of five on each of two
+/// machines, at 5e-4 it gained on every seed (docs/ALGORITHMS.md).
 /// `mix_grpo` is FlowGRPO's objective on MixGRPO's sampling: a sliding window of 2 trained
 /// steps over the schedule (moving by 1 every 5 rollouts, back to the start past the end;
 /// the other trained-step keys off) and DPM-Solver++(2M) on every other step. `fdfo` sets

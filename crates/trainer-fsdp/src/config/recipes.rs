@@ -171,37 +171,40 @@ impl TrainConfig {
     }
 
     /// The embedded default: seed 002's validated recipe shape on the shapes world
-    /// ([`GeneratorSource::ShapesWorld`], `fixtures/shapes_world`), scaled to run in minutes
-    /// on two CPU cores:
+    /// ([`GeneratorSource::ShapesWorld`], `fixtures/shapes_world_v2`: a base that draws clean
+    /// shapes and is misaligned by corrupted captions), scaled to run in minutes on two CPU
+    /// cores:
     ///
     /// * 32x32 images, 12 steps of the Qwen-Image schedule, guidance 1.0, 3 trained steps
     ///   redrawn per rollout from the pool `[1, 2, 3, 4, 5]` — as in the seed; the plan keeps
     ///   the seed's evaluation fallback `[3, 4, 5]`, which this recipe's evaluation does not
     ///   read (below);
-    /// * Flow-SDE eta 1.2 rather than the seed's 0.7;
+    /// * Flow-SDE eta 0.7 and a KL of 0.04 to the reference (the adapters off), as flow_grpo's
+    ///   GenEval recipe;
     /// * group size 8, 2 disjoint updates per rollout, eps_clip `1e-4`, std mode `group`,
-    ///   LoRA dropout 0, no CFG, no KL — as in the seed;
+    ///   LoRA dropout 0, no CFG — as in the seed;
     /// * scaled: 8 prompts per rollout (64 samples, updates of 32, micro-batches of 16 — one
-    ///   per core), LoRA rank 8 / alpha 16 on the eight attention projections, lr `2e-3`
-    ///   (constant), 60 rollouts; the held-out evaluation (24 prompts x 48 seeds, a standard
-    ///   error below 0.01) at the start and the end, sampled deterministically
-    ///   (`eval.sampling = "ode"`: every table in `docs/` was measured so);
+    ///   per core), LoRA rank 8 / alpha 16 on the eight attention projections, 200 rollouts,
+    ///   lr `1e-3` decaying along a cosine to 0 over the run's 400 optimizer steps
+    ///   (`optimizer.lr_decay_iters`: set it beside another `run.num_rollouts`); the held-out
+    ///   evaluation (24 prompts x 48 seeds, a standard error below 0.01) at the start and the
+    ///   end, sampled deterministically (`eval.sampling = "ode"`), with the re-rendering
+    ///   judge beside the reward's;
     /// * reward: the `shapes` composition score, required, weight 1;
     /// * fp32 weights (the shapes world implements no `param_dtype`).
     ///
-    /// Those settings were tuned against the judge's earlier, averaged score, which RL
-    /// satisfied by painting the canvas in blobs (`docs/SEEDS.md`). Under the judge as it is
-    /// now, which multiplies what was asked by `Exclusive`, the recipe gains +0.008 over five
-    /// seeds (-0.006 to +0.025; `docs/SEEDS.md`): the held-out reward does not move; the
-    /// recipe is not yet tuned to a real gain.
+    /// At a constant 2e-3 the run peaks near rollout 80 and then decays into striped texture
+    /// that the second judge marks down; from 2e-3 along the cosine one seed of two still
+    /// does; from 1e-3 both judges gain (`docs/SEEDS.md`, "The default on the candidate
+    /// base").
     pub fn shapes_world_lora() -> Self {
         let mut c = Self::qwen_image_t2i_lora();
         let run_dir = PathBuf::from("runs").join("shapes-world-lora");
         c.recipe = Some(RecipeName::ShapesWorldLora);
         c.run.seed = 0;
-        c.run.num_rollouts = 60;
+        c.run.num_rollouts = 200;
         c.model.generator = GeneratorSource::ShapesWorld {
-            dir: PathBuf::from("fixtures").join("shapes_world"),
+            dir: PathBuf::from("fixtures").join("shapes_world_v2"),
         };
         c.model.param_dtype = None;
         let lora = c
@@ -212,10 +215,16 @@ impl TrainConfig {
         lora.alpha = 16.0;
         c.sampling.height = 32;
         c.sampling.width = 32;
-        c.sampling.eta = 1.2;
+        c.sampling.eta = 0.7;
         c.rollout.prompts_per_rollout = 8;
         c.rollout.micro_batch_size = 16;
-        c.optimizer.lr = 2e-3;
+        let AlgorithmSection::FlowGrpo(algorithm) = &mut c.algorithm else {
+            unreachable!("the LoRA recipe trains with FlowGRPO")
+        };
+        algorithm.kl_coef = 0.04;
+        c.optimizer.lr = 1e-3;
+        c.optimizer.lr_scheduler = LrSchedulerKind::Cosine;
+        c.optimizer.lr_decay_iters = Some(400);
         c.reward = RewardSection {
             scorers: vec![ScorerSpec::Shapes],
             required_components: vec!["shapes".into()],
@@ -229,7 +238,7 @@ impl TrainConfig {
         };
         c.artifacts.root = run_dir.join("artifacts");
         c.eval = EvalSection {
-            interval: 60,
+            interval: 200,
             samples_per_prompt: 48,
             num_inference_steps: None,
             guidance: None,

@@ -423,27 +423,8 @@ pub fn sample_grid(
         what: "a sample grid",
         problem,
     };
-    let first = tiles.first().ok_or_else(|| bad(DrawingProblem::Empty))?;
-    if columns == 0 {
-        return Err(bad(DrawingProblem::Geometry {
-            what: "zero columns",
-        }));
-    }
-    if captions.is_some_and(|c| c.len() > tiles.len()) {
-        return Err(bad(DrawingProblem::Geometry {
-            what: "more captions than tiles",
-        }));
-    }
-    let (tw, th) = first.dimensions();
-    for (index, t) in tiles.iter().enumerate() {
-        if t.dimensions() != (tw, th) {
-            return Err(bad(DrawingProblem::TileSize {
-                index,
-                expected: (tw, th),
-                found: t.dimensions(),
-            }));
-        }
-    }
+    let (tw, th) =
+        tile_geometry(tiles, columns, captions.map_or(0, <[String]>::len)).map_err(bad)?;
     let cols = columns.min(tiles.len() as u32);
     let rows = (tiles.len() as u32).div_ceil(cols);
     let cap = caption_height(captions.is_some());
@@ -468,6 +449,150 @@ pub fn sample_grid(
                     BLACK,
                 );
             }
+        }
+    }
+    Ok(img)
+}
+
+/// The one size of `tiles`, checked for a grid of `columns` columns and `captions` captions:
+/// at least one tile, a column, no more captions than tiles, every tile the first one's size.
+fn tile_geometry(
+    tiles: &[RgbImage],
+    columns: u32,
+    captions: usize,
+) -> Result<(u32, u32), DrawingProblem> {
+    let first = tiles.first().ok_or(DrawingProblem::Empty)?;
+    if columns == 0 {
+        return Err(DrawingProblem::Geometry {
+            what: "zero columns",
+        });
+    }
+    if captions > tiles.len() {
+        return Err(DrawingProblem::Geometry {
+            what: "more captions than tiles",
+        });
+    }
+    let size = first.dimensions();
+    match tiles.iter().position(|t| t.dimensions() != size) {
+        Some(index) => Err(DrawingProblem::TileSize {
+            index,
+            expected: size,
+            found: tiles[index].dimensions(),
+        }),
+        None => Ok(size),
+    }
+}
+
+/// Tile `index` of a grid that [`sample_grid`] drew with tiles of `tile` = `(width, height)`,
+/// captions or not, in `columns` columns: the inverse of its layout, so that an earlier grid
+/// written to disk gives its pictures back. `None` when the grid is too small to hold it.
+///
+/// ```
+/// use image::RgbImage;
+/// use trainer_fsdp::{grid_tile, sample_grid};
+/// let tiles: Vec<RgbImage> = (0..5u8).map(|i| RgbImage::from_pixel(4, 4, image::Rgb([i, 0, 0]))).collect();
+/// let grid = sample_grid(&tiles, Some(&["a".to_string()]), 2).unwrap();
+/// assert_eq!(grid_tile(&grid, 3, (4, 4), true, 2).unwrap(), tiles[3]);
+/// assert!(grid_tile(&grid, 6, (4, 4), true, 2).is_none());
+/// ```
+pub fn grid_tile(
+    grid: &RgbImage,
+    index: usize,
+    tile: (u32, u32),
+    captioned: bool,
+    columns: u32,
+) -> Option<RgbImage> {
+    let (tw, th) = tile;
+    let columns = columns.max(1);
+    let (c, r) = (index as u32 % columns, index as u32 / columns);
+    let x0 = PAD + c * (tw + PAD);
+    let y0 = PAD + r * (th + caption_height(captioned) + PAD);
+    if x0 + tw > grid.width() || y0 + th > grid.height() {
+        return None;
+    }
+    Some(image::imageops::crop_imm(grid, x0, y0, tw, th).to_image())
+}
+
+/// The same prompts before and after training, one above the other: for every `columns`
+/// prompts a row of `before` pictures and under it a row of `after` pictures with the
+/// prompts' captions, `labels` (`[before, after]`) written up the left margin of each row,
+/// and `title` across the top.
+///
+/// # Errors
+/// [`TrainerError::Drawing`]: no tiles, `before` and `after` of different counts or sizes,
+/// zero columns, more captions than tiles.
+///
+/// ```
+/// use image::RgbImage;
+/// use trainer_fsdp::before_after_grid;
+/// let red = RgbImage::from_pixel(40, 40, image::Rgb([255, 0, 0]));
+/// let blue = RgbImage::from_pixel(40, 40, image::Rgb([0, 0, 255]));
+/// let img = before_after_grid(&[red.clone(), red], &[blue.clone(), blue], &["a".into(), "b".into()], 2, ["before", "after"], "t").unwrap();
+/// assert!(img.width() > 2 * 40 && img.height() > 2 * 40);
+/// ```
+pub fn before_after_grid(
+    before: &[RgbImage],
+    after: &[RgbImage],
+    captions: &[String],
+    columns: u32,
+    labels: [&str; 2],
+    title: &str,
+) -> Result<RgbImage, TrainerError> {
+    let bad = |problem| TrainerError::Drawing {
+        what: "a before-and-after grid",
+        problem,
+    };
+    if before.len() != after.len() {
+        return Err(bad(DrawingProblem::Geometry {
+            what: "as many pictures before as after",
+        }));
+    }
+    tile_geometry(before, columns, captions.len()).map_err(bad)?;
+    let both: Vec<RgbImage> = before.iter().chain(after).cloned().collect();
+    let (tw, th) = tile_geometry(&both, columns, 0).map_err(bad)?;
+    let cols = columns.min(before.len() as u32);
+    let rows = (before.len() as u32).div_ceil(cols);
+    // the labels run up a margin as wide as a glyph and its gaps, under a title line
+    let margin = GLYPH + 2 * PAD;
+    let head = LINE + 2 * PAD;
+    let pair = 2 * (th + PAD) + caption_height(true);
+    let mut img = RgbImage::from_pixel(
+        margin + PAD + cols * (tw + PAD),
+        head + PAD + rows * (pair + 2 * PAD),
+        image::Rgb(WHITE),
+    );
+    let per_title = (img.width() / GLYPH) as usize;
+    if let Some(t) = wrap(title, per_title, 1).first() {
+        text(&mut img, PAD as i64, PAD as i64, t, BLACK);
+    }
+    let per_caption = (tw.saturating_sub(GLYPH / 2) / GLYPH).max(1) as usize;
+    let fit = (th / GLYPH) as usize;
+    for r in 0..rows {
+        let y = head + PAD + r * (pair + 2 * PAD);
+        for (k, tiles) in [before, after].into_iter().enumerate() {
+            let y_row = y + k as u32 * (th + PAD);
+            for c in 0..cols {
+                let i = (r * cols + c) as usize;
+                let Some(t) = tiles.get(i) else { break };
+                let x = margin + PAD + c * (tw + PAD);
+                image::imageops::replace(&mut img, t, x as i64, y_row as i64);
+                // the captions under the lower row of each pair
+                let caption = captions.get(i).filter(|_| k == 1);
+                for (n, s) in caption
+                    .map(|c| wrap(c, per_caption, CAPTION_LINES as usize))
+                    .unwrap_or_default()
+                    .iter()
+                    .enumerate()
+                {
+                    let y_text = y_row + th + 1 + n as u32 * LINE;
+                    text(&mut img, x as i64, y_text as i64, s, BLACK);
+                }
+            }
+            // the row's label, centred up its height and cut to fit it
+            let label: String = labels[k].chars().take(fit).collect();
+            let len = label.chars().count() as u32 * GLYPH;
+            let bottom = y_row + th - (th - len) / 2;
+            text_up(&mut img, PAD as i64, bottom as i64 - 1, &label, BLACK);
         }
     }
     Ok(img)
@@ -701,5 +826,34 @@ mod tests {
         write_png(&path, &img).unwrap();
         let back = image::open(&path).unwrap().to_rgb8();
         assert_eq!(back, img);
+    }
+
+    #[test]
+    fn a_before_and_after_grid_pairs_its_pictures_and_refuses_mismatches() {
+        let px = |v| RgbImage::from_pixel(16, 16, image::Rgb([v, 0, 0]));
+        let before = [px(1), px(2), px(3)];
+        let after = [px(4), px(5), px(6)];
+        let captions = ["a".to_string(), "b".to_string()];
+        let img = before_after_grid(&before, &after, &captions, 2, ["b", "a"], "title").unwrap();
+        // prompt 2 opens the second pair of rows; its after picture is under its before one
+        let (x0, y0) = (GLYPH + 3 * PAD, LINE + 3 * PAD);
+        let pair = 2 * (16 + PAD) + caption_height(true) + 2 * PAD;
+        assert_eq!(img.get_pixel(x0, y0).0, [1, 0, 0]);
+        assert_eq!(img.get_pixel(x0 + 16 + PAD, y0).0, [2, 0, 0]);
+        assert_eq!(img.get_pixel(x0, y0 + 16 + PAD).0, [4, 0, 0]);
+        assert_eq!(img.get_pixel(x0, y0 + pair).0, [3, 0, 0]);
+        assert_eq!(img.get_pixel(x0, y0 + pair + 16 + PAD).0, [6, 0, 0]);
+
+        let refused = |b: &[RgbImage], a: &[RgbImage], c: &[String]| {
+            before_after_grid(b, a, c, 2, ["b", "a"], "t")
+                .unwrap_err()
+                .to_string()
+        };
+        assert!(refused(&before, &after[..2], &[]).contains("as many"));
+        let e = refused(&before, &[px(4), px(5), RgbImage::new(8, 8)], &[]);
+        assert!(e.contains("tile 5 is 8x8"), "{e}");
+        let many: Vec<String> = (0..4).map(|i| i.to_string()).collect();
+        assert!(refused(&before, &after, &many).contains("more captions"));
+        assert!(refused(&[], &[], &[]).contains("nothing"));
     }
 }

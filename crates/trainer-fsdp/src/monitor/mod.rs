@@ -21,7 +21,10 @@ use serde::{Deserialize, Serialize};
 use crate::error::TrainerError;
 
 pub use cpu::process_cpu_seconds;
-pub use draw::{Axes, Rgb, Series, caption_height, plot_curves, sample_grid, upscale, write_png};
+pub use draw::{
+    Axes, Rgb, Series, before_after_grid, caption_height, grid_tile, plot_curves, sample_grid,
+    upscale, write_png,
+};
 pub use jsonl::{JsonlWriter, MetricsRecord, parse_jsonl, read_jsonl, series};
 pub use progress::Progress;
 pub use tensorboard::{
