@@ -80,6 +80,14 @@ use velocity_model::{Conditioning, Guided, TrueCfg, VelocityModel};
 /// Columns of the evaluation's sample grids.
 const GRID_COLUMNS: u32 = 8;
 
+/// The tag of the evaluation before the first rollout.
+const INITIAL_EVAL_TAG: &str = "initial";
+
+/// The sample grid of the evaluation tagged `tag`, in [`run_dir::SAMPLES_DIR`].
+fn eval_grid_file(tag: &str) -> String {
+    format!("eval_{tag}.png")
+}
+
 /// Rows one host thread samples at once in an evaluation.
 pub const EVAL_ROWS_PER_THREAD: usize = 32;
 
@@ -1382,17 +1390,16 @@ where
             )?;
             let dir = self.run_dir.join(run_dir::SAMPLES_DIR);
             std::fs::create_dir_all(&dir).map_err(io_err(&dir, "create the samples directory"))?;
-            write_png(&dir.join(format!("eval_{tag}.png")), &grid)?;
-            if tag != "initial" {
+            write_png(&dir.join(eval_grid_file(tag)), &grid)?;
+            if tag != INITIAL_EVAL_TAG {
                 self.write_before_after(&tiles, &captions, (stats.mean, stats.stderr))?;
             }
         }
         let judges = self
             .cfg
             .eval
-            .judges
-            .iter()
-            .flat_map(|j| j.components())
+            .judge_components()
+            .into_iter()
             .map(|c| match stats.components.get(&c) {
                 Some(&s) => Ok((c, s)),
                 None => Err(TrainerError::EvalJudgeMissing {
@@ -1433,7 +1440,10 @@ where
         (reward, stderr): (f64, f64),
     ) -> Result<(), TrainerError> {
         let dir = self.run_dir.join(run_dir::SAMPLES_DIR);
-        let initial = dir.join("eval_initial.png");
+        let initial = dir.join(eval_grid_file(INITIAL_EVAL_TAG));
+        let Some(first) = after.first() else {
+            return Ok(());
+        };
         if !initial.exists() {
             return Ok(());
         }
@@ -1443,9 +1453,6 @@ where
                 source,
             })?
             .to_rgb8();
-        let Some(first) = after.first() else {
-            return Ok(());
-        };
         let before: Option<Vec<image::RgbImage>> = (0..after.len())
             .map(|i| grid_tile(&grid, i, first.dimensions(), true, GRID_COLUMNS))
             .collect();
@@ -1588,7 +1595,7 @@ where
         let interval = if io { self.cfg.eval.interval } else { 0 };
         if interval > 0 && self.next_rollout == 0 {
             let cpu = crate::monitor::process_cpu_seconds();
-            let e = self.evaluate("initial")?;
+            let e = self.evaluate(INITIAL_EVAL_TAG)?;
             eval_cpu += crate::monitor::process_cpu_seconds() - cpu;
             print_eval("start", &e);
             summary.initial_eval = Some(e.summary());
@@ -1872,10 +1879,9 @@ where
         let judges: Vec<String> = self
             .cfg
             .eval
-            .judges
+            .judge_components()
             .iter()
-            .flat_map(|j| j.components())
-            .map(|c| names::eval_judge(&c))
+            .map(|c| names::eval_judge(c))
             .collect();
         let curves: Vec<&str> = [reward_metric, EVAL_REWARD]
             .into_iter()

@@ -1636,6 +1636,17 @@ pub struct EvalSection {
     pub sde_gap: bool,
 }
 
+impl EvalSection {
+    /// The components the `judges` score, in their order: the held-out evaluation's second
+    /// judgements (`eval/judge/<component>`).
+    pub fn judge_components(&self) -> Vec<String> {
+        self.judges
+            .iter()
+            .flat_map(ScorerSpec::components)
+            .collect()
+    }
+}
+
 /// `eval.sampling`: how the held-out evaluation samples its pictures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]

@@ -423,8 +423,9 @@ pub fn sample_grid(
         what: "a sample grid",
         problem,
     };
+    let refs: Vec<&RgbImage> = tiles.iter().collect();
     let (tw, th) =
-        tile_geometry(tiles, columns, captions.map_or(0, <[String]>::len)).map_err(bad)?;
+        tile_geometry(&refs, columns, captions.map_or(0, <[String]>::len)).map_err(bad)?;
     let cols = columns.min(tiles.len() as u32);
     let rows = (tiles.len() as u32).div_ceil(cols);
     let cap = caption_height(captions.is_some());
@@ -457,7 +458,7 @@ pub fn sample_grid(
 /// The one size of `tiles`, checked for a grid of `columns` columns and `captions` captions:
 /// at least one tile, a column, no more captions than tiles, every tile the first one's size.
 fn tile_geometry(
-    tiles: &[RgbImage],
+    tiles: &[&RgbImage],
     columns: u32,
     captions: usize,
 ) -> Result<(u32, u32), DrawingProblem> {
@@ -547,8 +548,8 @@ pub fn before_after_grid(
             what: "as many pictures before as after",
         }));
     }
-    tile_geometry(before, columns, captions.len()).map_err(bad)?;
-    let both: Vec<RgbImage> = before.iter().chain(after).cloned().collect();
+    let both: Vec<&RgbImage> = before.iter().chain(after).collect();
+    tile_geometry(&both[..before.len()], columns, captions.len()).map_err(bad)?;
     let (tw, th) = tile_geometry(&both, columns, 0).map_err(bad)?;
     let cols = columns.min(before.len() as u32);
     let rows = (before.len() as u32).div_ceil(cols);
