@@ -1,6 +1,8 @@
 //! Every algorithm of the family on the shapes world at the same CPU budget, over seeds: the
 //! held-out reward against the CPU seconds each run spent training (rollouts, scoring,
-//! updates; evaluations excluded), as a Markdown table and a PNG plot.
+//! updates; evaluations excluded), as a Markdown table and a PNG plot. The table gives the
+//! second judgement's gain beside the reward's (the recipe's first `eval.judges` component),
+//! so that a gain only the rewarding judge sees shows.
 //!
 //! ```text
 //! cargo run --release --example compare_algorithms                      # 10 methods x 5 seeds, 600 CPU s each
@@ -307,10 +309,27 @@ fn run_all(args: &Args) -> Result<Vec<RunCurve>> {
                 bail!("stopped: the runs so far are in {}", args.out.display());
             }
         }
-        let curve = run_curve(label, seed, &dir.join("metrics.jsonl"))?;
+        // the second judgement: the recipe's first `eval.judges` component
+        let judges = run.cfg.eval.judge_components();
+        let curve = run_curve(
+            label,
+            seed,
+            &dir.join("metrics.jsonl"),
+            judges.first().map(String::as_str),
+        )?;
         if let (Some(a), Some(b)) = (curve.base(), curve.last()) {
+            let second = if a.second.is_nan() || b.second.is_nan() {
+                String::new()
+            } else {
+                format!(
+                    "; second judge {:.3} -> {:.3} ({:+.3})",
+                    a.second,
+                    b.second,
+                    b.second - a.second
+                )
+            };
             println!(
-                "{label}, seed {seed}: held-out {:.3} ± {:.3} -> {:.3} ± {:.3} ({:+.3}) in {:.0} training CPU s",
+                "{label}, seed {seed}: held-out {:.3} ± {:.3} -> {:.3} ± {:.3} ({:+.3}) in {:.0} training CPU s{second}",
                 a.reward,
                 a.stderr,
                 b.reward,

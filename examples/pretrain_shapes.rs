@@ -35,12 +35,15 @@
 //!
 //! The supervised baselines of an RL run at equal CPU (issue 51): continued pretraining on the
 //! same corpus, and training on true captions (the answers), each stopped when its training
-//! steps have spent the RL run's `perf/train_cpu_seconds`:
+//! steps have spent the RL run's `perf/train_cpu_seconds`; `--curves` writes the evaluations
+//! as a `compare_algorithms` curve (`--from-curves` tables them beside RL runs of the same
+//! seed), and `--steps 0 --eval-guidance 8` gives the capability line:
 //!
 //! ```sh
 //! cargo run --release --example pretrain_shapes -- --init-from fixtures/shapes_world_v2 \
-//!     --seed 300 --batch 64 --lr 2e-4 --warmup 20 --steps 100000 --cpu-budget 175 \
-//!     --caption-noise 0.6 --caption-dropout 0.1 --eval-every 0 --eval-samples 48 --eval-seed 0 \
+//!     --seed 300 --batch 64 --lr 2e-4 --warmup 20 --steps 100000 --cpu-budget 648 \
+//!     --caption-noise 0.6 --caption-dropout 0.1 --eval-every 300 --eval-samples 48 --eval-seed 0 \
+//!     --curves runs/continued_s0.csv --label continued_pretraining \
 //!     --out runs/continued   # --caption-noise 0: the answers
 //! ```
 //!
@@ -75,14 +78,15 @@ use schedule::{SchedulePolicy, SdeSteps};
 use sde_math::solvers::OdeSolver;
 use sde_math::{Kernel, StorageDtype};
 use serde::{Deserialize, Serialize};
+use trainer_fsdp::compare::{CurvePoint, RunCurve, curves_csv};
 use trainer_fsdp::config::EvalGuidance;
 use trainer_fsdp::ema::blend;
 use trainer_fsdp::monitor::process_cpu_seconds;
 use trainer_fsdp::rollout::SamplerSpec;
 use trainer_fsdp::run::evaluate_policy;
 use trainer_fsdp::shapes_world::{
-    ShapesGenerator, ShapesWorld, TOKEN_CHANNELS, TOKEN_GRID, eval_prompts, images_to_tensor, pack,
-    pretrain_loss,
+    ShapesGenerator, ShapesWorld, TOKEN_CHANNELS, TOKEN_GRID, TextEncoderConfig, eval_prompts,
+    images_to_tensor, pack, pretrain_loss, transformer_config,
 };
 use trainer_fsdp::{World, sample_grid, upscale, write_png};
 
@@ -187,14 +191,36 @@ struct Args {
     /// thread; evaluations excluded), as the trainer's `run.cpu_budget_seconds` charges an RL
     /// run: the supervised baselines at equal CPU (continued pretraining on the same corpus,
     /// training on true captions). `--steps` is then the most steps; needs `--lr-schedule
-    /// constant` (a decay needs its length) and `--eval-every 0`, and no `--state`.
+    /// constant` (a decay needs its length) and no `--state`.
     #[arg(long)]
     cpu_budget: Option<f64>,
+    /// Write every evaluation of this run as a curve of `compare_algorithms` (its
+    /// `curves.csv` format: `--from-curves` puts it in one table with RL runs): the reward at
+    /// guidance 1 as method `--label`, run `--eval-seed`, at the training CPU seconds spent
+    /// (evaluations excluded; the starting evaluation at 0); with `--eval-guidance S` also
+    /// `<label>_cfg<S>`, whose first point is the unguided start, so that its gain is what
+    /// guidance adds to the start and training after (`--steps 0` writes only these: the
+    /// capability line). With `--eval-samples 48` the points are
+    /// the trainer's held-out evaluations of `run.seed` = `--eval-seed`, so that the table
+    /// pairs them with RL runs of that seed. Refused with `--state` (a curve is one
+    /// uninterrupted run), and over an existing file without `--overwrite`.
+    #[arg(long, requires = "label")]
+    curves: Option<PathBuf>,
+    /// The method name of `--curves` (lowercase letters, digits and `_`).
+    #[arg(long, requires = "curves")]
+    label: Option<String>,
     /// With `--init-from`: append this many transformer blocks whose AdaLN modulations start
     /// at zero (so every gate is closed and the grown model computes exactly what the loaded
     /// one did), to train a deeper generator from a shallower one.
     #[arg(long, default_value_t = 0)]
     grow_layers: usize,
+    /// Without `--init-from`: the transformer's attention heads (of 32 dimensions each; the
+    /// width is 32 x heads; default the shapes world's 4).
+    #[arg(long)]
+    heads: Option<usize>,
+    /// Without `--init-from`: the transformer's blocks (default the shapes world's 4).
+    #[arg(long)]
+    layers: Option<usize>,
     /// Stop after this step with the state saved (needs `--state`), to go on later with
     /// `--resume`: a long pretraining split across sessions. The schedule is still the one of
     /// `--steps`.
@@ -232,6 +258,10 @@ struct TrainingFlags {
     held_out_in_data: bool,
     #[serde(default)]
     grow_layers: usize,
+    #[serde(default)]
+    heads: Option<usize>,
+    #[serde(default)]
+    layers: Option<usize>,
 }
 
 impl TrainingFlags {
@@ -250,6 +280,8 @@ impl TrainingFlags {
             seed: args.seed,
             held_out_in_data: args.held_out_in_data,
             grow_layers: args.grow_layers,
+            heads: args.heads,
+            layers: args.layers,
         }
     }
 }
@@ -333,9 +365,9 @@ fn check_args(args: &Args) -> Result<()> {
             "--cpu-budget {budget}: expected a finite number of CPU seconds above 0"
         );
         anyhow::ensure!(
-            args.lr_schedule == LrShape::Constant && args.eval_every == 0 && args.state.is_none(),
+            args.lr_schedule == LrShape::Constant && args.state.is_none(),
             "--cpu-budget {budget} ends the run at a time no schedule knows in advance; expected \
-             --lr-schedule constant, --eval-every 0 and no --state"
+             --lr-schedule constant and no --state"
         );
     }
     anyhow::ensure!(
@@ -344,6 +376,16 @@ fn check_args(args: &Args) -> Result<()> {
          from scratch takes its depth from its configuration)",
         args.grow_layers
     );
+    for (flag, value) in [("--heads", args.heads), ("--layers", args.layers)] {
+        if let Some(n) = value {
+            anyhow::ensure!(
+                args.init_from.is_none(),
+                "{flag} {n} shapes a generator trained from scratch; a loaded one (--init-from) \
+                 keeps its own (--grow-layers adds blocks to it)"
+            );
+            anyhow::ensure!(n > 0, "{flag} 0: expected at least 1");
+        }
+    }
     anyhow::ensure!(
         args.batch > 0,
         "--batch 0 would train on nothing; expected at least 1 scene per step"
@@ -390,6 +432,26 @@ fn check_args(args: &Args) -> Result<()> {
             "--stop-at {stop} stops with the state saved to go on later: expected --state and \
              a step within [1, --steps {})",
             args.steps
+        );
+    }
+    if let (Some(file), Some(label)) = (&args.curves, &args.label) {
+        anyhow::ensure!(
+            args.state.is_none(),
+            "--curves {} records one uninterrupted run; expected no --state",
+            file.display()
+        );
+        anyhow::ensure!(
+            !label.is_empty()
+                && label
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'),
+            "--label {label:?}: expected lowercase letters, digits and `_` (a method name of \
+             the comparison's table)"
+        );
+        anyhow::ensure!(
+            args.overwrite || !file.exists(),
+            "--curves {} exists; pass --overwrite to replace it",
+            file.display()
         );
     }
     anyhow::ensure!(
@@ -700,7 +762,16 @@ fn main() -> Result<()> {
                     Some(dir) => ShapesGenerator::<B>::load(dir, &dev).with_context(|| {
                         format!("loading the generator to continue from {}", dir.display())
                     })?,
-                    None => ShapesGenerator::<B>::init(&dev),
+                    None => {
+                        let mut dit = transformer_config();
+                        if let Some(heads) = args.heads {
+                            dit = dit.with_num_attention_heads(heads);
+                        }
+                        if let Some(layers) = args.layers {
+                            dit = dit.with_num_layers(layers);
+                        }
+                        ShapesGenerator::<B>::init_with(&TextEncoderConfig::new(), &dit, &dev)
+                    }
                 };
                 let model = if args.grow_layers > 0 {
                     let before = model.dit.config.num_layers;
@@ -743,19 +814,25 @@ fn main() -> Result<()> {
         args.ema.map_or("off".to_string(), |d| d.to_string()),
     );
     ceiling(&held_out, &args)?;
+    let mut curve = Curve::default();
     // the starting point, when there is one to train on (`--steps 0` only measures it)
     if args.init_from.is_some() && args.steps > 0 && resumed.is_none() {
-        evaluate(&average.valid(), &eval_sigmas, &args, "start")?;
+        curve.push(
+            0.0,
+            evaluate(&average.valid(), &eval_sigmas, &args, "start")?,
+        );
     }
-    // the training steps' CPU seconds, for --cpu-budget (the evaluations before are not)
-    let train_cpu_start = process_cpu_seconds();
+    // the training steps' CPU seconds (for --cpu-budget, --curves and the progress): the
+    // process's since `cpu_start`, less the evaluations' (the ceiling's and the start's so far)
+    let mut eval_cpu = process_cpu_seconds() - cpu_start;
+    let train_cpu = |eval_cpu: f64| process_cpu_seconds() - cpu_start - eval_cpu;
     for step in first..args.steps {
         if let Some(budget) = args.cpu_budget
-            && process_cpu_seconds() - train_cpu_start >= budget
+            && train_cpu(eval_cpu) >= budget
         {
             println!(
                 "--cpu-budget {budget}: spent after {step} steps ({:.0} training CPU s)",
-                process_cpu_seconds() - train_cpu_start
+                train_cpu(eval_cpu)
             );
             break;
         }
@@ -820,7 +897,7 @@ fn main() -> Result<()> {
             }
             None => model.clone(),
         };
-        let cpu = cpu_before + process_cpu_seconds() - cpu_start;
+        let cpu = cpu_before + train_cpu(eval_cpu);
         if (step + 1) % 50 == 0 {
             println!(
                 "step {:>5}/{}  loss {running:.4}  lr {lr:.2e}  {:.0} s  {cpu:.0} CPU s",
@@ -831,12 +908,19 @@ fn main() -> Result<()> {
         }
         if args.eval_every > 0 && (step + 1) % args.eval_every == 0 && step + 1 < args.steps {
             let snapshot = average.valid();
-            evaluate(
+            let at = train_cpu(eval_cpu);
+            let before = process_cpu_seconds();
+            let measured = evaluate(
                 &snapshot,
                 &eval_sigmas,
                 &args,
                 &format!("step_{:05}", step + 1),
             )?;
+            eval_cpu += process_cpu_seconds() - before;
+            curve.push(at, measured);
+            if let (Some(file), Some(label)) = (&args.curves, &args.label) {
+                curve.write(file, label, &args)?;
+            }
             if let Some(dir) = &args.snapshots {
                 snapshot.save(&dir.join(format!("step_{}", step + 1)))?;
             }
@@ -849,7 +933,7 @@ fn main() -> Result<()> {
                 step: step + 1,
                 rng: rng.state(),
                 running,
-                cpu_seconds: cpu_before + process_cpu_seconds() - cpu_start,
+                cpu_seconds: cpu_before + train_cpu(eval_cpu),
                 flags: TrainingFlags::of(&args),
             };
             save_state(dir, &model, &optim, &average, &meta)?;
@@ -866,7 +950,19 @@ fn main() -> Result<()> {
         }
     }
     let base = average.valid();
-    let reward = evaluate(&base, &eval_sigmas, &args, "final")?;
+    let at = if args.steps > 0 {
+        train_cpu(eval_cpu)
+    } else {
+        0.0
+    };
+    let trained = cpu_before + train_cpu(eval_cpu);
+    let measured = evaluate(&base, &eval_sigmas, &args, "final")?;
+    let reward = measured.0.mean;
+    curve.push(at, measured);
+    if let (Some(file), Some(label)) = (&args.curves, &args.label) {
+        curve.write(file, label, &args)?;
+        println!("wrote the curves of {label} to {}", file.display());
+    }
     base.save(&args.out)
         .with_context(|| format!("saving to {}", args.out.display()))?;
     println!(
@@ -874,7 +970,7 @@ fn main() -> Result<()> {
          (deterministic sampling, {} steps): {reward:.3}",
         args.out.display(),
         start.elapsed().as_secs_f64() / 60.0,
-        cpu_before + process_cpu_seconds() - cpu_start,
+        trained,
         args.eval_steps
     );
     Ok(())
@@ -939,19 +1035,81 @@ fn ceiling(held_out: &[String], args: &Args) -> Result<()> {
     Ok(())
 }
 
+/// One evaluation's numbers: the held-out reward, its standard error, the second judge's.
+#[derive(Debug, Clone, Copy)]
+struct Measured {
+    mean: f64,
+    stderr: f64,
+    second: f64,
+}
+
 /// Deterministic 12-step sampling of the held-out prompts (`--eval-samples` seeds each), the
-/// same evaluation the trainer runs, and its mean reward; with `--eval-guidance`, the same
-/// guided as well. Prints each with its crispness and writes its grid (`tag` names it).
-fn evaluate(model: &ShapesGenerator<Flex>, sigmas: &[f32], args: &Args, tag: &str) -> Result<f64> {
+/// same evaluation the trainer runs, and its numbers; with `--eval-guidance`, the same guided
+/// as well (one per scale, in order). Prints each with its crispness and writes its grid
+/// (`tag` names it).
+fn evaluate(
+    model: &ShapesGenerator<Flex>,
+    sigmas: &[f32],
+    args: &Args,
+    tag: &str,
+) -> Result<(Measured, Vec<Measured>)> {
     let unguided = evaluate_with(model, sigmas, args, None, tag)?;
+    let mut guided = Vec::with_capacity(args.eval_guidance.len());
     for &scale in &args.eval_guidance {
         let guidance = EvalGuidance {
             scale,
             negative_prompt: String::new(),
         };
-        evaluate_with(model, sigmas, args, Some(&guidance), tag)?;
+        guided.push(evaluate_with(model, sigmas, args, Some(&guidance), tag)?);
     }
-    Ok(unguided)
+    Ok((unguided, guided))
+}
+
+/// The evaluations of a run at the training CPU seconds they were made, for `--curves`.
+#[derive(Default)]
+struct Curve {
+    points: Vec<(f64, (Measured, Vec<Measured>))>,
+}
+
+impl Curve {
+    fn push(&mut self, cpu: f64, measured: (Measured, Vec<Measured>)) {
+        self.points.push((cpu, measured));
+    }
+
+    /// Writes the curves (see `--curves`) atomically, replacing the file.
+    fn write(&self, file: &Path, label: &str, args: &Args) -> Result<()> {
+        let point = |cpu: f64, m: &Measured| CurvePoint {
+            cpu_seconds: cpu,
+            reward: m.mean,
+            stderr: m.stderr,
+            second: m.second,
+        };
+        let seed = args.eval_seed.unwrap_or(args.seed);
+        let mut curves = Vec::new();
+        // a run that trains nothing and is guided is only its guided levels: its unguided
+        // curve would be the one point each guided curve starts from
+        if args.steps > 0 || args.eval_guidance.is_empty() {
+            curves.push(RunCurve {
+                method: label.to_string(),
+                seed,
+                points: self.points.iter().map(|(c, (u, _))| point(*c, u)).collect(),
+            });
+        }
+        for (i, scale) in args.eval_guidance.iter().enumerate() {
+            let start = self.points.first().map(|(c, (u, _))| point(*c, u));
+            curves.push(RunCurve {
+                method: format!("{label}_cfg{scale}"),
+                seed,
+                points: start
+                    .into_iter()
+                    .chain(self.points.iter().map(|(c, (_, g))| point(*c, &g[i])))
+                    .collect(),
+            });
+        }
+        durable::write_atomic(file, curves_csv(&curves).as_bytes())
+            .with_context(|| format!("writing --curves {}", file.display()))?;
+        Ok(())
+    }
 }
 
 fn evaluate_with(
@@ -960,7 +1118,7 @@ fn evaluate_with(
     args: &Args,
     guidance: Option<&EvalGuidance>,
     tag: &str,
-) -> Result<f64> {
+) -> Result<Measured> {
     let spec = SamplerSpec {
         sigmas: sigmas.to_vec(),
         kernel: Some(Kernel::flow_sde(0.7)?),
@@ -1030,5 +1188,9 @@ fn evaluate_with(
         let suffix = guidance.map_or("g1".to_string(), |g| format!("cfg{}", g.scale));
         write_png(&dir.join(format!("eval_{tag}_{suffix}.png")), &grid)?;
     }
-    Ok(stats.mean)
+    Ok(Measured {
+        mean: stats.mean,
+        stderr: stats.stderr,
+        second,
+    })
 }

@@ -139,7 +139,10 @@ struct Args {
     #[arg(long, default_value_t = 0, requires = "seeds")]
     first_seed: u64,
     /// Where --seeds writes its Markdown table (default: `<run dir>/seeds.md`; an existing
-    /// table is replaced only with --overwrite).
+    /// table is replaced only with --overwrite). Every seed's evaluations go beside it as a
+    /// comparison's curves (`seeds_curves.csv` for `seeds.md`, method = the algorithm's
+    /// kind), which `compare_algorithms --from-curves` tables with other methods and the
+    /// baselines.
     #[arg(long, requires = "seeds")]
     seeds_table: Option<PathBuf>,
 }
@@ -291,6 +294,17 @@ fn main() -> Result<()> {
                     table_path.display()
                 );
             }
+            // the seeds' evaluations as a comparison's curves (`compare_algorithms
+            // --from-curves` puts them in one table with other methods and the baselines)
+            let curves_path = seeds_curves_path(&table_path);
+            if curves_path.exists() && !args.overwrite {
+                bail!(
+                    "--seeds would replace the curves {} (another sweep's?): choose another \
+                     --seeds-table or --run-dir, or pass --overwrite",
+                    curves_path.display()
+                );
+            }
+            let mut curves = Vec::new();
             let mut outcomes = Vec::new();
             // the last seed fits: check_seeds_flags
             let last = args.first_seed + (n - 1);
@@ -338,6 +352,18 @@ fn main() -> Result<()> {
                 .join(" ");
                 durable::write_atomic(&table_path, table.markdown(&command, &machine()).as_bytes())
                     .with_context(|| format!("writing {}", table_path.display()))?;
+                let judges = cfg.eval.judge_components();
+                curves.push(trainer_fsdp::compare::run_curve(
+                    cfg.algorithm.kind(),
+                    seed,
+                    &dir.join("metrics.jsonl"),
+                    judges.first().map(String::as_str),
+                )?);
+                durable::write_atomic(
+                    &curves_path,
+                    trainer_fsdp::compare::curves_csv(&curves).as_bytes(),
+                )
+                .with_context(|| format!("writing {}", curves_path.display()))?;
                 let second = table.second_gain.map_or(String::new(), |g| {
                     format!(
                         "; second judge: gain mean {:+.3}, min {:+.3}, max {:+.3}",
@@ -355,6 +381,14 @@ fn main() -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// Where `--seeds` writes its curves: beside its table, `<table's stem>_curves.csv`.
+fn seeds_curves_path(table: &Path) -> PathBuf {
+    let stem = table
+        .file_stem()
+        .map_or_else(|| "seeds".into(), |s| s.to_string_lossy());
+    table.with_file_name(format!("{stem}_curves.csv"))
 }
 
 /// `--seeds`' flags, before anything runs: at least one seed, a last seed that fits a u64, one

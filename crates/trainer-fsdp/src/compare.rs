@@ -6,7 +6,7 @@
 //!
 //! ```
 //! use trainer_fsdp::compare::{CurvePoint, RunCurve, comparison_table};
-//! let p = |cpu, reward| CurvePoint { cpu_seconds: cpu, reward, stderr: 0.01 };
+//! let p = |cpu, reward| CurvePoint { cpu_seconds: cpu, reward, stderr: 0.01, second: f64::NAN };
 //! let curves = vec![
 //!     RunCurve { method: "flow_grpo".into(), seed: 0, points: vec![p(0.0, 0.2), p(100.0, 0.3)] },
 //!     RunCurve { method: "nft".into(), seed: 0, points: vec![p(0.0, 0.2), p(10.0, 0.31), p(50.0, 0.4)] },
@@ -147,6 +147,9 @@ pub struct CurvePoint {
     pub reward: f64,
     /// Its standard error.
     pub stderr: f64,
+    /// The second judgement of the same pictures (the first `eval.judges` component the
+    /// comparison names); NaN where none was logged.
+    pub second: f64,
 }
 
 /// One run's evaluations, in order, the starting policy's first.
@@ -185,10 +188,18 @@ impl RunCurve {
 /// A run's curve from its `metrics.jsonl`: every record with an evaluation, at the CPU
 /// seconds that record logged (the starting evaluation, logged before any rollout, at 0). An
 /// evaluation whose reward was not finite (logged as `null`) is a point with a NaN reward.
+/// `second_judge` names the `eval.judges` component read as each point's second judgement
+/// (`eval/judge/<component>`); NaN where the record lacks it or none is named.
 ///
 /// # Errors
 /// Reading or parsing the log; [`TrainerError::NoEvaluations`] when it holds none.
-pub fn run_curve(method: &str, seed: u64, jsonl: &Path) -> Result<RunCurve, TrainerError> {
+pub fn run_curve(
+    method: &str,
+    seed: u64,
+    jsonl: &Path,
+    second_judge: Option<&str>,
+) -> Result<RunCurve, TrainerError> {
+    let second_key = second_judge.map(names::eval_judge);
     let mut points = Vec::new();
     for r in read_jsonl(jsonl)? {
         let get = |k: &str| r.metrics.get(k).copied().flatten();
@@ -202,6 +213,7 @@ pub fn run_curve(method: &str, seed: u64, jsonl: &Path) -> Result<RunCurve, Trai
             cpu_seconds: get(names::PERF_TRAIN_CPU_SECONDS).unwrap_or(0.0),
             reward: reward.unwrap_or(f64::NAN),
             stderr: get(EVAL_REWARD_SE).unwrap_or(f64::NAN),
+            second: second_key.as_deref().and_then(get).unwrap_or(f64::NAN),
         });
     }
     if points.is_empty() {
@@ -217,18 +229,22 @@ pub fn run_curve(method: &str, seed: u64, jsonl: &Path) -> Result<RunCurve, Trai
 }
 
 /// The header of a comparison's curves file ([`curves_csv`]).
-pub const CURVES_CSV_HEADER: &str = "method,seed,training_cpu_seconds,reward,stderr";
+pub const CURVES_CSV_HEADER: &str = "method,seed,training_cpu_seconds,reward,stderr,second_judge";
+
+/// The header of the curves files written before the second judgement was a column: read as
+/// curves whose second judgement is NaN.
+pub const CURVES_CSV_HEADER_V1: &str = "method,seed,training_cpu_seconds,reward,stderr";
 
 /// Every evaluation of `curves` as CSV, one row per evaluation under [`CURVES_CSV_HEADER`]:
 /// the comparison's data, from which [`read_curves_csv`] rebuilds the curves (CPU seconds to
-/// the millisecond, rewards and standard errors to 1e-6).
+/// the millisecond, rewards, standard errors and second judgements to 1e-6).
 pub fn curves_csv(curves: &[RunCurve]) -> String {
     let mut csv = format!("{CURVES_CSV_HEADER}\n");
     for c in curves {
         for p in &c.points {
             csv.push_str(&format!(
-                "{},{},{:.3},{:.6},{:.6}\n",
-                c.method, c.seed, p.cpu_seconds, p.reward, p.stderr
+                "{},{},{:.3},{:.6},{:.6},{:.6}\n",
+                c.method, c.seed, p.cpu_seconds, p.reward, p.stderr, p.second
             ));
         }
     }
@@ -240,11 +256,12 @@ pub fn curves_csv(curves: &[RunCurve]) -> String {
 ///
 /// A run is one block of consecutive rows, so two files of runs (of different methods, or of
 /// other seeds) concatenate into one comparison, and a run that appears twice is refused
-/// rather than merged.
+/// rather than merged. A file under [`CURVES_CSV_HEADER_V1`] (written before the second
+/// judgement was a column) reads with NaN second judgements.
 ///
 /// # Errors
 /// Reading the file; [`TrainerError::CurvesCsv`] naming the line for a wrong header, a row
-/// without five fields, a field that is not a number, or a run (method and seed) whose rows
+/// without the header's fields, a field that is not a number, or a run (method and seed) whose rows
 /// are not consecutive or that `seen` already holds. A NaN reward (an evaluation that
 /// diverged, as [`run_curve`] reads it) and a NaN standard error are data.
 pub fn read_curves_csv(path: &Path, seen: &[RunCurve]) -> Result<Vec<RunCurve>, TrainerError> {
@@ -255,29 +272,35 @@ pub fn read_curves_csv(path: &Path, seen: &[RunCurve]) -> Result<Vec<RunCurve>, 
         problem,
     };
     let mut lines = text.lines().enumerate().map(|(i, l)| (i + 1, l.trim_end()));
-    match lines.next() {
-        Some((_, h)) if h == CURVES_CSV_HEADER => {}
+    let fields = match lines.next() {
+        Some((_, h)) if h == CURVES_CSV_HEADER => 6,
+        Some((_, h)) if h == CURVES_CSV_HEADER_V1 => 5,
         other => {
             return Err(bad(
                 1,
                 format!(
-                    "header {:?}: expected {CURVES_CSV_HEADER:?}",
+                    "header {:?}: expected {CURVES_CSV_HEADER:?} (or the older \
+                     {CURVES_CSV_HEADER_V1:?})",
                     other.map_or("", |(_, h)| h)
                 ),
             ));
         }
-    }
+    };
     let mut out: Vec<RunCurve> = Vec::new();
     for (n, line) in lines {
         if line.is_empty() {
             continue;
         }
         let f: Vec<&str> = line.split(',').collect();
-        let [method, seed, cpu, reward, stderr] = f[..] else {
-            return Err(bad(
-                n,
-                format!("{line:?}: expected 5 fields ({CURVES_CSV_HEADER})"),
-            ));
+        let (method, seed, cpu, reward, stderr, second) = match f[..] {
+            [m, s, c, r, e] if fields == 5 => (m, s, c, r, e, None),
+            [m, s, c, r, e, j] if fields == 6 => (m, s, c, r, e, Some(j)),
+            _ => {
+                return Err(bad(
+                    n,
+                    format!("{line:?}: expected {fields} fields (the header's)"),
+                ));
+            }
         };
         let num = |name: &str, v: &str| {
             v.parse::<f64>()
@@ -290,6 +313,7 @@ pub fn read_curves_csv(path: &Path, seen: &[RunCurve]) -> Result<Vec<RunCurve>, 
             cpu_seconds: num("training_cpu_seconds", cpu)?,
             reward: num("reward", reward)?,
             stderr: num("stderr", stderr)?,
+            second: second.map_or(Ok(f64::NAN), |j| num("second_judge", j))?,
         };
         match out.last_mut() {
             Some(c) if c.method == method && c.seed == seed => c.points.push(point),
@@ -353,12 +377,14 @@ pub fn best_mean_evaluation(curves: &[RunCurve], method: &str) -> Option<CurvePo
             cpu_seconds: mean(|p| p.cpu_seconds),
             reward: mean(|p| p.reward),
             stderr: mean(|p| p.stderr),
+            second: mean(|p| p.second),
         };
         if point.reward.is_nan() {
             return Some(CurvePoint {
                 cpu_seconds: f64::NAN,
                 reward: f64::NAN,
                 stderr: f64::NAN,
+                second: f64::NAN,
             });
         }
         if best.is_none_or(|b| point.reward > b.reward) {
@@ -381,7 +407,8 @@ fn median_cpu_to_reach(runs: &[&RunCurve], target: f64) -> (Option<f64>, usize) 
 }
 
 /// The comparison as a Markdown table, one row per method: seeds, base and final held-out
-/// reward and the gain (mean, min to max over seeds), the gain's difference to
+/// reward and the gain (mean, min to max over seeds), the second judgement's gain (`-` where
+/// a run logged none), the gain's difference to
 /// `target_method`'s paired by seed ([`paired_gain`]), the mean standard error of the final
 /// evaluations, the training CPU seconds spent, and the CPU seconds at which the method first
 /// reached `target_method`'s mean final reward and its best mean evaluation
@@ -407,8 +434,8 @@ pub fn comparison_table(curves: &[RunCurve], target_method: &str) -> String {
         .0
         .unwrap_or(f64::NAN);
     let mut out = format!(
-        "| method | seeds | base | final | gain | gain - {target_method}'s (paired seeds) | final SE (mean) | training CPU s | CPU s to {target_method}'s final {target_reward:.3} | CPU s to {target_method}'s best mean {best:.3} |\n\
-         | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+        "| method | seeds | base | final | gain | second judge's gain | gain - {target_method}'s (paired seeds) | final SE (mean) | training CPU s | CPU s to {target_method}'s final {target_reward:.3} | CPU s to {target_method}'s best mean {best:.3} |\n\
+         | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
     );
     for m in methods(curves) {
         let runs: Vec<&RunCurve> = curves.iter().filter(|c| c.method == m).collect();
@@ -418,6 +445,12 @@ pub fn comparison_table(curves: &[RunCurve], target_method: &str) -> String {
         let base = of(&|c| c.base().map(|p| p.reward));
         let last = of(&|c| c.last().map(|p| p.reward));
         let gain = of(&|c| Some(c.last()?.reward - c.base()?.reward));
+        let second = of(&|c| Some(c.last()?.second - c.base()?.second));
+        let second = if second.mean.is_nan() {
+            "-".to_string()
+        } else {
+            fmt_spread(second, true)
+        };
         let se = of(&|c| c.last().map(|p| p.stderr));
         let cpu = of(&|c| c.last().map(|p| p.cpu_seconds));
         let to = |target: f64, target_cpu: f64| match median_cpu_to_reach(&runs, target) {
@@ -444,7 +477,7 @@ pub fn comparison_table(curves: &[RunCurve], target_method: &str) -> String {
             }
         };
         out.push_str(&format!(
-            "| {m} | {} | {} | {} | {} | {paired} | {:.3} | {:.0} | {to_target} | {to_best} |\n",
+            "| {m} | {} | {} | {} | {} | {second} | {paired} | {:.3} | {:.0} | {to_target} | {to_best} |\n",
             runs.len(),
             fmt_spread(base, false),
             fmt_spread(last, false),
@@ -522,12 +555,63 @@ pub fn gains_by_seed(curves: &[RunCurve]) -> String {
 /// Plots every method's held-out reward against training CPU seconds: per method, the mean
 /// over its seeds of the `i`-th evaluation at the mean CPU seconds of those evaluations (up to
 /// the fewest evaluations any of its seeds has), with the standard error of that mean over
-/// seeds as the bar (with one seed, the evaluation's own standard error); written as a PNG to
-/// `path`.
+/// seeds as the bar (with one seed, the evaluation's own standard error); where any run
+/// logged a second judgement, the same of it in a second plot under the first (its bars the
+/// standard error over seeds, none with one seed). A method that spent no training CPU (every
+/// evaluation at 0 s: the base with guidance, say) is a level, drawn at its last mean across
+/// the plot. Written as a PNG to `path`.
 ///
 /// # Errors
 /// Drawing and file errors.
 pub fn write_plot(curves: &[RunCurve], path: &Path) -> Result<(), TrainerError> {
+    let (w, h) = (960, 600);
+    let reward = plot_curves(
+        &mean_series(curves, |p| p.reward, |p| p.stderr),
+        &Axes {
+            title: "held-out reward against training CPU time (mean over seeds)",
+            x_label: "training CPU seconds",
+            y_label: "held-out reward",
+            integer_x: false,
+        },
+        w,
+        h,
+    )?;
+    let judged = curves
+        .iter()
+        .any(|c| c.points.iter().any(|p| p.second.is_finite()));
+    if !judged {
+        return write_png(path, &reward);
+    }
+    let second = plot_curves(
+        &mean_series(curves, |p| p.second, |_| f64::NAN),
+        &Axes {
+            title: "the second judge on the same pictures (mean over seeds)",
+            x_label: "training CPU seconds",
+            y_label: "second judge",
+            integer_x: false,
+        },
+        w,
+        h,
+    )?;
+    let mut both = image::RgbImage::new(w, 2 * h);
+    image::imageops::replace(&mut both, &reward, 0, 0);
+    image::imageops::replace(&mut both, &second, 0, i64::from(h));
+    write_png(path, &both)
+}
+
+/// Per method, the `i`-th evaluations' mean of `value` over seeds at their mean CPU seconds,
+/// with the standard error over seeds as the bar (one seed: its own `stderr`).
+fn mean_series(
+    curves: &[RunCurve],
+    value: fn(&CurvePoint) -> f64,
+    stderr: fn(&CurvePoint) -> f64,
+) -> Vec<Series> {
+    let right = curves
+        .iter()
+        .flat_map(|c| &c.points)
+        .map(|p| p.cpu_seconds)
+        .filter(|x| x.is_finite())
+        .fold(0.0, f64::max);
     let mut series = Vec::new();
     for m in methods(curves) {
         let runs: Vec<&RunCurve> = curves.iter().filter(|c| c.method == m).collect();
@@ -536,31 +620,30 @@ pub fn write_plot(curves: &[RunCurve], path: &Path) -> Result<(), TrainerError> 
         let mut bars = Vec::with_capacity(n);
         for i in 0..n {
             let xs: Vec<f64> = runs.iter().map(|c| c.points[i].cpu_seconds).collect();
-            let ys: Vec<f64> = runs.iter().map(|c| c.points[i].reward).collect();
+            let ys: Vec<f64> = runs.iter().map(|c| value(&c.points[i])).collect();
             let k = ys.len() as f64;
             let mean = ys.iter().sum::<f64>() / k;
             pts.push((xs.iter().sum::<f64>() / k, mean));
             if runs.len() == 1 {
-                bars.push(runs[0].points[i].stderr);
+                bars.push(stderr(&runs[0].points[i]));
             } else {
                 let var = ys.iter().map(|y| (y - mean) * (y - mean)).sum::<f64>() / (k - 1.0);
                 bars.push((var / k).sqrt());
             }
         }
-        series.push(Series::new(m, pts).with_errors(bars));
+        let level = right > 0.0 && !pts.is_empty() && pts.iter().all(|&(x, _)| x == 0.0);
+        series.push(match (level, pts.last()) {
+            (true, Some(&(_, y))) => {
+                let bar = bars.last().copied().unwrap_or(f64::NAN);
+                Series::new(&format!("{m} (no training)"), vec![(0.0, y), (right, y)])
+                    .with_errors(vec![f64::NAN, bar])
+            }
+            // no bar at all (one seed without its own error): no `±` in the legend either
+            _ if bars.iter().all(|b| b.is_nan()) => Series::new(m, pts),
+            _ => Series::new(m, pts).with_errors(bars),
+        });
     }
-    let img = plot_curves(
-        &series,
-        &Axes {
-            title: "held-out reward against training CPU time (mean over seeds)",
-            x_label: "training CPU seconds",
-            y_label: "held-out reward",
-            integer_x: false,
-        },
-        960,
-        600,
-    )?;
-    write_png(path, &img)
+    series
 }
 
 #[cfg(test)]
@@ -620,6 +703,7 @@ mod tests {
                     cpu_seconds,
                     reward,
                     stderr: 0.01,
+                    second: reward - 0.1,
                 })
                 .collect(),
         }
@@ -636,10 +720,10 @@ mod tests {
         let t = comparison_table(&curves, "flow_grpo");
         // FlowGRPO's final mean is 0.35 at 100 CPU s; AWM's seed 0 reaches it at 30 s, seed 1 never
         assert!(
-            t.contains("| awm | 2 | 0.200 (0.200 to 0.200) | 0.410 (0.320 to 0.500) | +0.210 (+0.120 to +0.300) | +0.060 ± 0.140 (2 seeds) | 0.010 | 60 | 30 (0.30x), 1/2 seeds | 30 (0.30x), 1/2 seeds |"),
+            t.contains("| awm | 2 | 0.200 (0.200 to 0.200) | 0.410 (0.320 to 0.500) | +0.210 (+0.120 to +0.300) | +0.210 (+0.120 to +0.300) | +0.060 ± 0.140 (2 seeds) | 0.010 | 60 | 30 (0.30x), 1/2 seeds | 30 (0.30x), 1/2 seeds |"),
             "{t}"
         );
-        assert!(t.contains("| flow_grpo | 2 | 0.200 (0.200 to 0.200) | 0.350 (0.300 to 0.400) | +0.150 (+0.100 to +0.200) | - |"), "{t}");
+        assert!(t.contains("| flow_grpo | 2 | 0.200 (0.200 to 0.200) | 0.350 (0.300 to 0.400) | +0.150 (+0.100 to +0.200) | +0.150 (+0.100 to +0.200) | - |"), "{t}");
         // paired by seed: awm's gains 0.30 and 0.12 against flow_grpo's 0.10 and 0.20
         let p = paired_gain(&curves, "awm", "flow_grpo").unwrap();
         assert_eq!(p.seeds, 2);
@@ -725,10 +809,14 @@ mod tests {
     #[test]
     fn curves_go_through_their_csv_and_bad_files_are_named() {
         let dir = tempfile::tempdir().unwrap();
-        let curves = vec![
+        let mut curves = vec![
             curve("flow_grpo", 0, &[(0.0, 0.2), (50.0, 0.25), (100.5, 0.3)]),
             curve("nft", 3, &[(0.0, 0.21), (60.25, 0.4)]),
         ];
+        // second judgements that the file's six decimals carry exactly
+        for (i, p) in curves.iter_mut().flat_map(|c| &mut c.points).enumerate() {
+            p.second = 0.125 * i as f64;
+        }
         let a = dir.path().join("a.csv");
         std::fs::write(&a, curves_csv(&curves)).unwrap();
         let back = read_curves_csv(&a, &[]).unwrap();
@@ -747,16 +835,27 @@ mod tests {
             ("method,seed\n", "line 1: header \"method,seed\""),
             ("", "line 1: header \"\""),
             (
-                &format!("{h}\nnft,0,1.0,0.2\n"),
-                "line 2: \"nft,0,1.0,0.2\": expected 5 fields",
+                &format!("{h}\nnft,0,1.0,0.2,0.01\n"),
+                "line 2: \"nft,0,1.0,0.2,0.01\": expected 6 fields",
             ),
-            (&format!("{h}\nnft,x,1.0,0.2,0.01\n"), "line 2: seed \"x\""),
             (
-                &format!("{h}\nnft,0,1.0,0.2,0.01\nnft,0,2,abc,0.01\n"),
+                &format!("{CURVES_CSV_HEADER_V1}\nnft,0,1.0,0.2,0.01,0.1\n"),
+                "expected 5 fields",
+            ),
+            (
+                &format!("{h}\nnft,x,1.0,0.2,0.01,0.1\n"),
+                "line 2: seed \"x\"",
+            ),
+            (
+                &format!("{h}\nnft,0,1.0,0.2,0.01,0.1\nnft,0,2,abc,0.01,0.1\n"),
                 "line 3: reward \"abc\"",
             ),
             (
-                &format!("{h}\nnft,0,0,0.2,0.01\nawm,0,0,0.2,0.01\nnft,0,5,0.3,0.01\n"),
+                &format!("{h}\nnft,0,1.0,0.2,0.01,x\n"),
+                "line 2: second_judge \"x\"",
+            ),
+            (
+                &format!("{h}\nnft,0,0,0.2,0.01,0.1\nawm,0,0,0.2,0.01,0.1\nnft,0,5,0.3,0.01,0.1\n"),
                 "line 4: nft, seed 0 appears a second time",
             ),
         ] {
@@ -766,12 +865,16 @@ mod tests {
         }
         // a NaN standard error (one evaluation seed) is data, not an error, and so is a NaN
         // reward (a diverged evaluation): both go through the file
-        std::fs::write(&a, format!("{h}\nnft,0,0,0.2,NaN\n")).unwrap();
+        std::fs::write(&a, format!("{h}\nnft,0,0,0.2,NaN,0.1\n")).unwrap();
         assert!(
             read_curves_csv(&a, &[]).unwrap()[0].points[0]
                 .stderr
                 .is_nan()
         );
+        // a file of before the second judgement's column reads with it NaN
+        std::fs::write(&a, format!("{CURVES_CSV_HEADER_V1}\nnft,0,0,0.2,0.01\n")).unwrap();
+        let old = read_curves_csv(&a, &[]).unwrap();
+        assert!(old[0].points[0].second.is_nan() && old[0].points[0].reward == 0.2);
         let diverged = vec![curve("nft", 0, &[(0.0, 0.2), (60.0, f64::NAN)])];
         std::fs::write(&a, curves_csv(&diverged)).unwrap();
         let back = read_curves_csv(&a, &[]).unwrap();
@@ -795,18 +898,29 @@ mod tests {
             .unwrap();
         w.append(&rec(1, &[(cpu, 30.0), ("train/loss", 1.0)]))
             .unwrap();
-        w.append(&rec(2, &[(cpu, 60.0), (EVAL_REWARD, 0.25)]))
+        let judge = names::eval_judge("shapes_rerender");
+        w.append(&rec(2, &[(cpu, 60.0), (EVAL_REWARD, 0.25), (&judge, 0.15)]))
             .unwrap();
         // the writer logs the non-finite reward as `null`
         w.append(&rec(3, &[(cpu, 90.0), (EVAL_REWARD, f64::NAN)]))
             .unwrap();
         drop(w);
-        let c = run_curve("nft", 0, &path).unwrap();
+        let c = run_curve("nft", 0, &path, Some("shapes_rerender")).unwrap();
         assert_eq!(c.points.len(), 3, "{c:?}");
         let last = c.last().unwrap();
         assert!(last.reward.is_nan() && last.cpu_seconds == 90.0, "{last:?}");
         assert_eq!(c.points[1].reward, 0.25);
         assert!(c.points[1].stderr.is_nan());
+        assert_eq!(c.points[1].second, 0.15);
+        assert!(
+            c.points[0].second.is_nan(),
+            "the start logged no second judgement"
+        );
+        assert!(
+            run_curve("nft", 0, &path, None).unwrap().points[1]
+                .second
+                .is_nan()
+        );
     }
 
     #[test]
@@ -822,6 +936,23 @@ mod tests {
             &path,
         )
         .unwrap();
-        assert!(std::fs::metadata(&path).unwrap().len() > 0);
+        // the curves carry second judgements: the second plot goes under the first
+        assert_eq!(image::image_dimensions(&path).unwrap(), (960, 1200));
+        let mut unjudged = curve("a", 0, &[(0.0, 0.2), (10.0, 0.3)]);
+        for p in &mut unjudged.points {
+            p.second = f64::NAN;
+        }
+        write_plot(&[unjudged], &path).unwrap();
+        assert_eq!(image::image_dimensions(&path).unwrap(), (960, 600));
+        // a method that spent no training CPU is a level across the others' range
+        let level = curve("cfg", 0, &[(0.0, 0.2), (0.0, 0.3)]);
+        let s = mean_series(
+            &[curve("a", 0, &[(0.0, 0.2), (10.0, 0.3)]), level],
+            |p| p.reward,
+            |p| p.stderr,
+        );
+        assert_eq!(s[1].name, "cfg (no training)");
+        assert_eq!(s[1].points, [(0.0, 0.3), (10.0, 0.3)]);
+        assert_eq!(s[0].points, [(0.0, 0.2), (10.0, 0.3)]);
     }
 }
