@@ -114,7 +114,7 @@ pub use raft::Raft;
 pub use rng::TrainerRng;
 pub use run::{
     EvalReport, EvalSummary, RolloutBatch, Run, RunSummary, TrainContext, TrainReport,
-    combined_rewards,
+    UnfinishedDecay, combined_rewards,
 };
 pub use signal::StopFlag;
 pub use train::{

@@ -220,6 +220,53 @@ pub struct RunSummary {
     pub stopped: bool,
     /// Wall-clock seconds.
     pub seconds: f64,
+    /// A decaying learning rate that the run ended before it reached `min_lr` (a run that
+    /// was not stopped early): set `optimizer.lr_decay_iters` to the run's optimizer steps to
+    /// decay over the whole run. `None` when the rate is constant or its decay finished.
+    pub unfinished_decay: Option<UnfinishedDecay>,
+}
+
+/// A decaying learning rate left part-way at the end of a run ([`RunSummary::unfinished_decay`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct UnfinishedDecay {
+    /// The optimizer steps the run took.
+    pub optimizer_steps: u64,
+    /// `optimizer.lr_decay_iters`: the step at which the decay reaches `min_lr`.
+    pub decay_iters: u64,
+    /// The rate the next step would have taken.
+    pub lr: f64,
+    /// `optimizer.min_lr`.
+    pub min_lr: f64,
+}
+
+impl std::fmt::Display for UnfinishedDecay {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the run ended at optimizer step {} with the rate at {:.3e}, where \
+             optimizer.lr_decay_iters = {} decays it to min_lr {} later: set \
+             optimizer.lr_decay_iters = {} to decay over the whole run",
+            self.optimizer_steps, self.lr, self.decay_iters, self.min_lr, self.optimizer_steps
+        )
+    }
+}
+
+/// The decay `scheduler` has left at its step count, if its rate decays and has not reached
+/// `min_lr` yet.
+fn unfinished_decay(scheduler: &crate::lr::LrScheduler) -> Option<UnfinishedDecay> {
+    let schedule = scheduler.schedule();
+    let decay_iters = match schedule.decay() {
+        crate::lr::LrDecay::Constant => return None,
+        crate::lr::LrDecay::Linear { decay_iters } | crate::lr::LrDecay::Cosine { decay_iters } => {
+            decay_iters
+        }
+    };
+    (scheduler.steps() < decay_iters).then(|| UnfinishedDecay {
+        optimizer_steps: scheduler.steps(),
+        decay_iters,
+        lr: scheduler.current_lr(),
+        min_lr: schedule.min_lr(),
+    })
 }
 
 /// An evaluation's mean and standard error.
@@ -1579,6 +1626,7 @@ where
             last_rollout: None,
             stopped: false,
             seconds: 0.0,
+            unfinished_decay: None,
         };
         // one rank stops wherever the request finds it; ranks stop together, after the
         // rollout every rank is in when one of them sees the request (agreed below), so their
@@ -1854,6 +1902,12 @@ where
         progress.finish();
         self.write_reward_curve(&reward_metric)?;
         summary.seconds = start.elapsed().as_secs_f64();
+        if !summary.stopped {
+            summary.unfinished_decay = unfinished_decay(self.optimizer.lr_scheduler());
+            if let (Some(u), true) = (summary.unfinished_decay, io) {
+                println!("note: {u}");
+            }
+        }
         Ok(summary)
     }
 

@@ -640,6 +640,46 @@ fn grpo_guard_trains_with_its_regulated_ratio() {
     );
 }
 
+/// A decaying rate that the run ends before `min_lr` is reported with the step count that
+/// would finish it; one that ends on time is not.
+fn an_unfinished_decay_is_reported() {
+    let cosine = |decay: &str| {
+        [
+            "eval.interval=0".to_string(),
+            "optimizer.lr_scheduler=\"cosine\"".to_string(),
+            format!("optimizer.lr_decay_iters={decay}"),
+        ]
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let long = cosine("100");
+    let long: Vec<&str> = long.iter().map(String::as_str).collect();
+    let summary = start(dir.path(), 2, &long).run(&StopFlag::new()).unwrap();
+    let u = summary
+        .unfinished_decay
+        .expect("the cosine ends at step 100");
+    assert_eq!((u.optimizer_steps, u.decay_iters), (4, 100), "{u:?}");
+    assert!(u.lr > u.min_lr, "{u:?}");
+    assert!(
+        u.to_string()
+            .contains("set optimizer.lr_decay_iters = 4 to decay over the whole run"),
+        "{u}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let exact = cosine("4");
+    let exact: Vec<&str> = exact.iter().map(String::as_str).collect();
+    let summary = start(dir.path(), 2, &exact).run(&StopFlag::new()).unwrap();
+    assert_eq!(summary.unfinished_decay, None);
+    let dir = tempfile::tempdir().unwrap();
+    let summary = start(dir.path(), 2, &["eval.interval=0"])
+        .run(&StopFlag::new())
+        .unwrap();
+    assert_eq!(
+        summary.unfinished_decay, None,
+        "a constant rate has no decay"
+    );
+    println!("test an_unfinished_decay_is_reported ... ok");
+}
+
 /// `run.cpu_budget_seconds`: a run whose budget is spent after its first rollout stops
 /// there, evaluated and checkpointed, and every rollout logs `perf/train_cpu_seconds`.
 fn the_cpu_budget_ends_the_run_with_an_evaluation() {
@@ -1438,7 +1478,7 @@ fn a_failing_machine_ends_the_other() {
 
 /// Every test, in order; `GAUSSIAN_ONLY=<part of a name>` runs the matching ones alone.
 fn parent() {
-    let tests: [(&str, fn()); 29] = [
+    let tests: [(&str, fn()); 30] = [
         ("the_reward_rises", the_reward_rises),
         (
             "degenerate_rollouts_replay_nothing",
@@ -1532,6 +1572,10 @@ fn parent() {
         (
             "the_cpu_budget_ends_the_run_with_an_evaluation",
             the_cpu_budget_ends_the_run_with_an_evaluation,
+        ),
+        (
+            "an_unfinished_decay_is_reported",
+            an_unfinished_decay_is_reported,
         ),
         (
             "shared_initial_noise_starts_each_group_from_one_latent",

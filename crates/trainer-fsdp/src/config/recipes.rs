@@ -186,7 +186,8 @@ impl TrainConfig {
     /// * scaled: 8 prompts per rollout (64 samples, updates of 32, micro-batches of 16 — one
     ///   per core), LoRA rank 8 / alpha 16 on the eight attention projections, 200 rollouts,
     ///   lr `1e-3` decaying along a cosine to 0 over the run's 400 optimizer steps
-    ///   (`optimizer.lr_decay_iters`: set it beside another `run.num_rollouts`); the held-out
+    ///   (`optimizer.lr_decay_iters`: set it beside another `run.num_rollouts`; a run that
+    ///   ends before its decay does says so, [`crate::RunSummary::unfinished_decay`]); the held-out
     ///   evaluation (24 prompts x 48 seeds, a standard error below 0.01) at the start and the
     ///   end, sampled deterministically (`eval.sampling = "ode"`), with the re-rendering
     ///   judge beside the reward's;
