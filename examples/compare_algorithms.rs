@@ -1,7 +1,7 @@
 //! Every algorithm of the family on the shapes world at the same CPU budget, over seeds: the
 //! held-out reward against the CPU seconds each run spent training (rollouts, scoring,
 //! updates; evaluations excluded), as a Markdown table and a PNG plot. The table gives the
-//! second judgement's gain beside the reward's (the recipe's first `eval.judges` component),
+//! second judgement's gain beside the reward's (`EvalSection::second_judge` of the recipe),
 //! so that a gain only the rewarding judge sees shows.
 //!
 //! ```text
@@ -309,13 +309,11 @@ fn run_all(args: &Args) -> Result<Vec<RunCurve>> {
                 bail!("stopped: the runs so far are in {}", args.out.display());
             }
         }
-        // the second judgement: the recipe's first `eval.judges` component
-        let judges = run.cfg.eval.judge_components();
         let curve = run_curve(
             label,
             seed,
             &dir.join("metrics.jsonl"),
-            judges.first().map(String::as_str),
+            run.cfg.eval.second_judge().as_deref(),
         )?;
         if let (Some(a), Some(b)) = (curve.base(), curve.last()) {
             let second = if a.second.is_nan() || b.second.is_nan() {

@@ -352,12 +352,11 @@ fn main() -> Result<()> {
                 .join(" ");
                 durable::write_atomic(&table_path, table.markdown(&command, &machine()).as_bytes())
                     .with_context(|| format!("writing {}", table_path.display()))?;
-                let judges = cfg.eval.judge_components();
                 curves.push(trainer_fsdp::compare::run_curve(
                     cfg.algorithm.kind(),
                     seed,
                     &dir.join("metrics.jsonl"),
-                    judges.first().map(String::as_str),
+                    cfg.eval.second_judge().as_deref(),
                 )?);
                 durable::write_atomic(
                     &curves_path,

@@ -147,8 +147,8 @@ pub struct CurvePoint {
     pub reward: f64,
     /// Its standard error.
     pub stderr: f64,
-    /// The second judgement of the same pictures (the first `eval.judges` component the
-    /// comparison names); NaN where none was logged.
+    /// The second judgement of the same pictures (the recipe's
+    /// [`crate::config::EvalSection::second_judge`]); NaN where none was logged.
     pub second: f64,
 }
 

@@ -1645,6 +1645,18 @@ impl EvalSection {
             .flat_map(ScorerSpec::components)
             .collect()
     }
+
+    /// The judgement a run's summary, the seeds' table and the comparison report as *the
+    /// second judge*: the first of [`Self::judge_components`] by name (as
+    /// [`crate::EvalSummary::second`] reads it); `None` without judges.
+    ///
+    /// ```
+    /// let cfg = trainer_fsdp::TrainConfig::shapes_world_lora();
+    /// assert_eq!(cfg.eval.second_judge().as_deref(), Some("shapes_rerender"));
+    /// ```
+    pub fn second_judge(&self) -> Option<String> {
+        self.judge_components().into_iter().min()
+    }
 }
 
 /// `eval.sampling`: how the held-out evaluation samples its pictures.
