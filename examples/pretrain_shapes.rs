@@ -234,6 +234,15 @@ struct Args {
     /// was trained on. The data's ceiling stays the held-out prompts'.
     #[arg(long)]
     eval_prompts: Option<PathBuf>,
+    /// The training scenes' smallest object side, as a share of the image (default the
+    /// shapes world's 0.22): larger objects are easier to draw apart (a circle from a
+    /// square). The data's ceiling is measured on scenes drawn the same way.
+    #[arg(long)]
+    min_object: Option<f64>,
+    /// The training scenes' largest object side, as a share of the image (default 0.34, at
+    /// most 0.45); scenes too crowded for their objects shrink them, as the renderer does.
+    #[arg(long)]
+    max_object: Option<f64>,
     /// Write a sample grid of each evaluation here (the first seed of every held-out prompt,
     /// captioned); default `--state`'s `samples/` when there is one.
     #[arg(long)]
@@ -262,6 +271,10 @@ struct TrainingFlags {
     heads: Option<usize>,
     #[serde(default)]
     layers: Option<usize>,
+    #[serde(default)]
+    min_object: Option<f64>,
+    #[serde(default)]
+    max_object: Option<f64>,
 }
 
 impl TrainingFlags {
@@ -282,7 +295,20 @@ impl TrainingFlags {
             grow_layers: args.grow_layers,
             heads: args.heads,
             layers: args.layers,
+            min_object: args.min_object,
+            max_object: args.max_object,
         }
+    }
+}
+
+/// How the training scenes (and the data's ceiling) are drawn: the shapes world's defaults,
+/// with `--min-object` / `--max-object` where given.
+fn render_options(args: &Args) -> RenderOptions {
+    let default = RenderOptions::default();
+    RenderOptions {
+        min_object: args.min_object.unwrap_or(default.min_object),
+        max_object: args.max_object.unwrap_or(default.max_object),
+        ..default
     }
 }
 
@@ -386,6 +412,14 @@ fn check_args(args: &Args) -> Result<()> {
             anyhow::ensure!(n > 0, "{flag} 0: expected at least 1");
         }
     }
+    let drawn = render_options(args);
+    anyhow::ensure!(
+        drawn.min_object > 0.0 && drawn.min_object <= drawn.max_object && drawn.max_object <= 0.45,
+        "--min-object {} --max-object {}: expected object sides with 0 < min <= max <= 0.45 of \
+         the image",
+        drawn.min_object,
+        drawn.max_object
+    );
     anyhow::ensure!(
         args.batch > 0,
         "--batch 0 would train on nothing; expected at least 1 scene per step"
@@ -715,6 +749,7 @@ fn main() -> Result<()> {
     let args = Args::parse();
     check_args(&args)?;
     check_destinations(&args)?;
+    let drawn = render_options(&args);
     if let (Some(dir), false) = (&args.state, args.resume) {
         anyhow::ensure!(
             newest_state(dir)?.is_none() || args.overwrite,
@@ -844,7 +879,7 @@ fn main() -> Result<()> {
             if !args.held_out_in_data && held_out.contains(&spec.prompt()) {
                 continue;
             }
-            images.push(shapes::render(&spec, rng.next_u64(), &RenderOptions::default())?.image);
+            images.push(shapes::render(&spec, rng.next_u64(), &drawn)?.image);
             let excluded: &[String] = if args.held_out_in_data {
                 &[]
             } else {
@@ -1019,7 +1054,7 @@ fn ceiling(held_out: &[String], args: &Args) -> Result<()> {
         let spec = SceneSpec::parse(p)?;
         for k in 0..args.eval_samples {
             let seed = keyed_rng::absorb(0xCE11_0000, &[i as u64, k as u64]);
-            let image = shapes::render(&spec, seed, &RenderOptions::default())?.image;
+            let image = shapes::render(&spec, seed, &render_options(args))?.image;
             scores.push(shapes::judge(&spec, &image).score);
             second.push(shapes::judge_rerendered(&spec, &image).score);
             images.push(image);
