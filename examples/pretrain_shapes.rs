@@ -412,14 +412,9 @@ fn check_args(args: &Args) -> Result<()> {
             anyhow::ensure!(n > 0, "{flag} 0: expected at least 1");
         }
     }
-    let drawn = render_options(args);
-    anyhow::ensure!(
-        drawn.min_object > 0.0 && drawn.min_object <= drawn.max_object && drawn.max_object <= 0.45,
-        "--min-object {} --max-object {}: expected object sides with 0 < min <= max <= 0.45 of \
-         the image",
-        drawn.min_object,
-        drawn.max_object
-    );
+    render_options(args)
+        .check()
+        .context("--min-object / --max-object: the training scenes' object sides")?;
     anyhow::ensure!(
         args.batch > 0,
         "--batch 0 would train on nothing; expected at least 1 scene per step"
@@ -1050,11 +1045,12 @@ fn second_judge(samples: &[RgbImage], prompts: &[String], k: usize) -> Result<f6
 /// the data's ceiling, and the template margin of clean drawings.
 fn ceiling(held_out: &[String], args: &Args) -> Result<()> {
     let (mut scores, mut second, mut images) = (Vec::new(), Vec::new(), Vec::new());
+    let drawn = render_options(args);
     for (i, p) in held_out.iter().enumerate() {
         let spec = SceneSpec::parse(p)?;
         for k in 0..args.eval_samples {
             let seed = keyed_rng::absorb(0xCE11_0000, &[i as u64, k as u64]);
-            let image = shapes::render(&spec, seed, &render_options(args))?.image;
+            let image = shapes::render(&spec, seed, &drawn)?.image;
             scores.push(shapes::judge(&spec, &image).score);
             second.push(shapes::judge_rerendered(&spec, &image).score);
             images.push(image);

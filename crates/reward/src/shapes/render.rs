@@ -260,6 +260,16 @@ pub fn render(
 /// The largest object side [`render`] accepts, as a fraction of the image side.
 const MAX_OBJECT: f64 = 0.45;
 
+impl RenderOptions {
+    /// Checks that [`render`] can draw with these options, before any scene is drawn.
+    ///
+    /// # Errors
+    /// [`RewardError::InvalidRenderOption`], as [`render`] returns it.
+    pub fn check(&self) -> Result<(), RewardError> {
+        check_options(self)
+    }
+}
+
 /// Refuses options [`render`] cannot draw with: `size < 16`, or not
 /// `0 < min_object <= max_object <= 0.45` (a NaN included).
 fn check_options(options: &RenderOptions) -> Result<(), RewardError> {
