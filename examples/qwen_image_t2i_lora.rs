@@ -2,11 +2,12 @@
 //!
 //! With no arguments it runs the embedded default: the `shapes_world_lora` recipe (seed 002's
 //! validated recipe shape — 12 denoising steps, 3 trained SDE steps redrawn per rollout from
-//! the pool [1..5], group size 8, 2 disjoint updates per rollout, eps_clip 1e-4, LoRA dropout
-//! 0, no CFG — scaled to two CPU cores: 200 rollouts, Flow-SDE eta 0.7, a KL of 0.04 to the
-//! reference, the lr decaying along a cosine) on the shapes world: the base generator
-//! committed under `fixtures/shapes_world_v2` (made by the `pretrain_shapes` example: clean
-//! shapes, misaligned by corrupted captions) and the verifiable composition reward of
+//! an early pool, group size 8, 2 disjoint updates per rollout, eps_clip 1e-4, LoRA dropout
+//! 0, no CFG — scaled to two CPU cores: 200 rollouts, CPS noise at level 0.7 on steps drawn
+//! from [0..4], a KL of 0.04 to the reference, the lr decaying along a cosine) on the shapes
+//! world: the base generator committed under `fixtures/shapes_world_v3` (made by the
+//! `pretrain_shapes` example: taught the scenes on true captions, then misaligned by
+//! corrupted ones) and the verifiable composition reward of
 //! `reward::shapes`. It reports the held-out reward
 //! (fixed prompts and seeds, deterministic sampling) before and after.
 //!

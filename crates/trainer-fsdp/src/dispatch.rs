@@ -28,8 +28,8 @@ use burn::tensor::backend::AutodiffBackend;
 use crate::algorithm::{Algorithm, FlowGrpo};
 use crate::awm::Awm;
 use crate::config::{
-    AlgorithmPlan, GeneratorSource, LrSchedulerKind, Preflight, TrainConfig, TrainableMode,
-    WindowStrategyKind,
+    AlgorithmPlan, GeneratorSource, LrSchedulerKind, Preflight, SdeKind, TrainConfig,
+    TrainableMode, WindowStrategyKind,
 };
 use crate::dpo::Dpo;
 use crate::error::TrainerError;
@@ -370,7 +370,7 @@ impl<B: AutodiffBackend> Job<B> for TrainJob<B> {
 /// The one-line banner of a training run.
 fn banner(cfg: &TrainConfig, algorithm: &str, world: &str, run_dir: &Path) -> String {
     format!(
-        "flowrl {} ({}) in the {}: {} rollouts of {} prompts x {} candidates{}, {} steps ({}), {}{}, lr {}{}, seed {}; run directory {}",
+        "flowrl {} ({}) in the {}: {} rollouts of {} prompts x {} candidates{}, {} steps ({}; {}), {}{}, lr {}{}, seed {}; run directory {}",
         algorithm,
         cfg.recipe.map(|r| r.as_str()).unwrap_or("config file"),
         world,
@@ -384,6 +384,7 @@ fn banner(cfg: &TrainConfig, algorithm: &str, world: &str, run_dir: &Path) -> St
         },
         cfg.sampling.num_inference_steps,
         trained_steps(cfg),
+        rollout_noise(cfg),
         match cfg.model.trainable_mode {
             TrainableMode::Full => "every weight trained (full fine-tune)".to_string(),
             TrainableMode::Lora => format!("LoRA rank {}", cfg.lora_rank()),
@@ -410,6 +411,20 @@ fn lr_shape(cfg: &TrainConfig) -> String {
     match o.lr_decay_iters {
         Some(d) => format!(" decaying {shape} to {} at optimizer step {d}", o.min_lr),
         None => format!(" decaying {shape} to {}", o.min_lr),
+    }
+}
+
+/// The banner's description of the rollouts' noise at the trained steps.
+fn rollout_noise(cfg: &TrainConfig) -> String {
+    let eta = cfg.sampling.eta;
+    if eta == 0.0 {
+        return "deterministic rollouts".to_string();
+    }
+    match cfg.sampling.sde_type {
+        SdeKind::FlowSde => format!("Flow-SDE eta {eta}"),
+        SdeKind::Dance => format!("the Dance kernel at eta {eta}"),
+        SdeKind::Cps => format!("CPS noise level {eta}"),
+        SdeKind::Churn => format!("churn gamma {eta}"),
     }
 }
 
@@ -604,8 +619,15 @@ mod tests {
         let steps = |o: &[&str]| trained_steps(&with(o));
         assert_eq!(
             steps(&[]),
-            "3 trained, redrawn per rollout from [1, 2, 3, 4, 5]"
+            "3 trained, redrawn per rollout from [0, 1, 2, 3, 4]"
         );
+        let noise = |o: &[&str]| rollout_noise(&with(o));
+        assert_eq!(noise(&[]), "CPS noise level 0.7");
+        assert_eq!(
+            noise(&["sampling.sde_type=\"sde\"", "sampling.eta=1.2"]),
+            "Flow-SDE eta 1.2"
+        );
+        assert_eq!(noise(&["sampling.eta=0.0"]), "deterministic rollouts");
         assert_eq!(
             steps(&[
                 "sampling.sde_pool=",

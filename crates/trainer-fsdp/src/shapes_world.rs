@@ -22,8 +22,9 @@
 //!
 //! The base generator is trained by flow matching on rendered scenes ([`pretrain_loss`];
 //! `cargo run --release --example pretrain_shapes`); its weights are committed under
-//! `fixtures/shapes_world/` (the first base) and `fixtures/shapes_world_v2/` (continued from
-//! it on corrupted captions: the main job's default).
+//! `fixtures/shapes_world/` (the first base), `fixtures/shapes_world_v2/` (continued from
+//! it on corrupted captions) and `fixtures/shapes_world_v3/` (continued from v2 on larger
+//! objects, true captions, then a short run on corrupted ones: the main job's default).
 
 use std::path::Path;
 

@@ -1109,7 +1109,12 @@ pub const ALGORITHM_NAMES: &[&str] = &[
 
 /// The overrides that select algorithm `name` on top of a recipe: its `[algorithm]` section
 /// with the variant's defaults, and `sampling.eta = 0` for the objectives on deterministic
-/// rollouts (DiffusionNFT, DPO, RAFT). `flow_grpo` is the recipes' own section: no override.
+/// rollouts (DiffusionNFT, DPO, RAFT). `flow_grpo` is the recipes' own section and sampling:
+/// no override. Every other preset that does not set its own kernel or trained steps keeps
+/// those it was measured with, Flow-SDE (`sampling.sde_type = "sde"`; the deterministic
+/// objectives require it, as they take no SDE) on steps drawn from `[1, 2, 3, 4, 5]`, whatever
+/// the recipe's (`shapes_world_lora` trains CPS on `[0, 1, 2, 3, 4]` since 2026-12-07); a
+/// `--set` after the preset still changes them.
 /// The presets without fixed SDE steps to evaluate at (DiffusionNFT, DPO, RAFT, and the sliding
 /// windows of `mix_grpo` and `flow_grpo_fast`) evaluate deterministically
 /// (`eval.sampling = "ode"`).
@@ -1138,7 +1143,7 @@ pub const ALGORITHM_NAMES: &[&str] = &[
 ///
 /// ```
 /// let o = trainer_fsdp::config::algorithm_overrides("nft").unwrap();
-/// assert_eq!(o.len(), 3);
+/// assert_eq!(o.len(), 5);
 /// assert!(trainer_fsdp::config::algorithm_overrides("flow_grpo").unwrap().is_empty());
 /// let err = trainer_fsdp::config::algorithm_overrides("ppo").unwrap_err().to_string();
 /// assert!(err.contains("ppo") && err.contains("dpok"), "{err}");
@@ -1148,12 +1153,22 @@ pub const ALGORITHM_NAMES: &[&str] = &[
 /// [`TrainerError::UnknownAlgorithm`] for a name not in [`ALGORITHM_NAMES`].
 pub fn algorithm_overrides(name: &str) -> Result<Vec<Override>, TrainerError> {
     let section = |kind: &str| Override::parse(&format!("algorithm={{ kind = \"{kind}\" }}"));
+    // the sampling the presets were measured with: Flow-SDE, trained steps from [1..5]
+    let flow_sde = || Override::parse("sampling.sde_type=\"sde\"");
+    let early_pool = || Override::parse("sampling.sde_pool=[1, 2, 3, 4, 5]");
     match name {
         "flow_grpo" => Ok(Vec::new()),
-        "awm" | "grpo_guard" => Ok(vec![section(name)?]),
-        "dpok" => Ok(vec![section(name)?, Override::parse("optimizer.lr*=0.25")?]),
+        "awm" | "grpo_guard" => Ok(vec![section(name)?, flow_sde()?, early_pool()?]),
+        "dpok" => Ok(vec![
+            section(name)?,
+            flow_sde()?,
+            early_pool()?,
+            Override::parse("optimizer.lr*=0.25")?,
+        ]),
         "nft" | "dpo" | "raft" => Ok(vec![
             section(name)?,
+            flow_sde()?,
+            early_pool()?,
             Override::parse("sampling.eta=0.0")?,
             Override::parse("eval.sampling=\"ode\"")?,
         ]),
@@ -1169,6 +1184,7 @@ pub fn algorithm_overrides(name: &str) -> Result<Vec<Override>, TrainerError> {
             Ok(o)
         }
         "mix_grpo" => Override::parse_all(&[
+            "sampling.sde_type=\"sde\"",
             "sampling.sde_window={ size = 2, stride = 1, shift_interval = 5, at_end = \"roll_back\" }",
             "sampling.num_sde_steps=2",
             "sampling.sde_resample_per_rollout=false",
@@ -1179,6 +1195,7 @@ pub fn algorithm_overrides(name: &str) -> Result<Vec<Override>, TrainerError> {
             "eval.sampling=\"ode\"",
         ]),
         "flow_grpo_fast" => Override::parse_all(&[
+            "sampling.sde_type=\"sde\"",
             "sampling.sde_window={ size = 2, stride = 1, shift_interval = 1, strategy = \"random\", span = [1, 6] }",
             "sampling.num_sde_steps=2",
             "sampling.sde_resample_per_rollout=false",

@@ -424,7 +424,13 @@ fn the_shapes_recipe_is_the_lora_recipe_scaled() {
         a.sampling.num_inference_steps,
         b.sampling.num_inference_steps
     );
-    assert_eq!(a.sampling.sde_pool, b.sampling.sde_pool);
+    // the seed's early pool, shifted to the first step, which CPS trains and Flow-SDE cannot
+    assert_eq!(a.sampling.sde_pool, Some(vec![1, 2, 3, 4, 5]));
+    assert_eq!(
+        (b.sampling.sde_type, b.sampling.sde_pool.clone()),
+        (SdeKind::Cps, Some(vec![0, 1, 2, 3, 4]))
+    );
+    assert_eq!(a.sampling.num_sde_steps, b.sampling.num_sde_steps);
     assert_eq!(a.rollout.group_size, b.rollout.group_size);
     assert_eq!(a.optimizer.clip_grad, b.optimizer.clip_grad);
     // and the config text round-trips, solver and storage included
@@ -861,7 +867,11 @@ fn the_ema_section_is_checked() {
 #[test]
 fn the_nft_section_and_its_deterministic_rollouts() {
     let with = shapes_recipe_with;
-    let c = with(&["algorithm={ kind = \"nft\" }", "sampling.eta=0.0"]);
+    let c = with(&[
+        "algorithm={ kind = \"nft\" }",
+        "sampling.eta=0.0",
+        "sampling.sde_type=\"sde\"",
+    ]);
     assert_eq!(c.algorithm, AlgorithmSection::Nft(NftSection::default()));
     let p = c.preflight().unwrap();
     let AlgorithmPlan::Nft {
@@ -924,14 +934,9 @@ fn deterministic_rollouts_may_train_every_step_of_the_grid() {
         "sampling.num_sde_steps=12",
     ];
     for kind in ["nft", "dpo"] {
-        let section = format!("algorithm={{ kind = \"{kind}\" }}");
-        let mut o = vec![section.as_str(), "sampling.eta=0.0"];
-        o.extend(whole);
-        let c = TrainConfig::from_recipe(
-            RecipeName::ShapesWorldLora,
-            &Override::parse_all(&o).unwrap(),
-        )
-        .unwrap();
+        let mut o = algorithm_overrides(kind).unwrap();
+        o.extend(Override::parse_all(&whole).unwrap());
+        let c = TrainConfig::from_recipe(RecipeName::ShapesWorldLora, &o).unwrap();
         let p = c
             .preflight()
             .unwrap_or_else(|e| panic!("{kind} over the whole grid: {e}"));
@@ -939,28 +944,18 @@ fn deterministic_rollouts_may_train_every_step_of_the_grid() {
         assert_eq!(steps.as_slice(), (0..12).collect::<Vec<_>>(), "{kind}");
         assert!(p.warnings.is_empty(), "{kind}: {:?}", p.warnings);
         // the plan's own problems are still reported
-        let mut o = vec![
-            section.as_str(),
-            "sampling.eta=0.0",
-            "sampling.sde_pool=[1, 12]",
-        ];
-        o.push("sampling.num_sde_steps=2");
-        let text = problems(
-            &TrainConfig::from_recipe(
-                RecipeName::ShapesWorldLora,
-                &Override::parse_all(&o).unwrap(),
-            )
-            .unwrap(),
+        let mut o = algorithm_overrides(kind).unwrap();
+        o.extend(
+            Override::parse_all(&["sampling.sde_pool=[1, 12]", "sampling.num_sde_steps=2"])
+                .unwrap(),
         );
+        let text = problems(&TrainConfig::from_recipe(RecipeName::ShapesWorldLora, &o).unwrap());
         assert!(text.iter().any(|p| p.contains("12")), "{kind}: {text:?}");
     }
-    let text = problems(
-        &TrainConfig::from_recipe(
-            RecipeName::ShapesWorldLora,
-            &Override::parse_all(&whole).unwrap(),
-        )
-        .unwrap(),
-    );
+    // FlowGRPO's SDE on the same grid: Flow-SDE cannot take the step at sigma = 1
+    let mut o = Override::parse_all(&whole).unwrap();
+    o.extend(Override::parse_all(&["sampling.sde_type=\"sde\""]).unwrap());
+    let text = problems(&TrainConfig::from_recipe(RecipeName::ShapesWorldLora, &o).unwrap());
     assert!(
         text.iter()
             .any(|p| p.contains("[0]") && p.contains("singular")),

@@ -380,9 +380,9 @@ impl<Bk: AutodiffBackend> World<Bk> for GaussianWorld {
 
 /// The Gaussian world's config: the shapes recipe's loop settings on the Gaussian world's
 /// scale (6 steps, 4 classes x 4 candidates, full fine-tuning of the offset at a constant lr
-/// 0.05), everything written under `root`. The noise level and the KL are pinned to the
-/// values the tests' thresholds were set with (Flow-SDE eta 1.2, no KL), so that re-tuning the
-/// shapes recipe leaves them as they are.
+/// 0.05), everything written under `root`. The kernel, the noise level and the KL are pinned
+/// to the values the tests' thresholds were set with (Flow-SDE eta 1.2, no KL), so that
+/// re-tuning the shapes recipe leaves them as they are.
 pub fn config(root: &Path, rollouts: u64, extra: &[&str]) -> TrainConfig {
     let dir = |name: &str| root.join(name).display().to_string();
     let mut o = vec![
@@ -398,6 +398,7 @@ pub fn config(root: &Path, rollouts: u64, extra: &[&str]) -> TrainConfig {
         "optimizer.lr=0.05".into(),
         "optimizer.lr_scheduler=\"constant\"".into(),
         "optimizer.lr_decay_iters=".into(),
+        "sampling.sde_type=\"sde\"".into(),
         "sampling.eta=1.2".into(),
         "algorithm.kl_coef=0.0".into(),
         "reward.scorers=[{ world = { components = [\"closeness\"] } }]".into(),

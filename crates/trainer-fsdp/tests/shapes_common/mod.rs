@@ -139,6 +139,8 @@ pub fn tiny_config(root: &Path, rollouts: u64, extra: &[&str]) -> TrainConfig {
         "rollout.group_size=4".into(),
         "rollout.micro_batch_size=4".into(),
         "sampling.num_inference_steps=4".into(),
+        // the kernel the tests' figures were set with, whatever the recipe's
+        "sampling.sde_type=\"sde\"".into(),
         "sampling.sde_pool=[1, 2]".into(),
         "sampling.sde_indices=[1, 2]".into(),
         "sampling.num_sde_steps=2".into(),
