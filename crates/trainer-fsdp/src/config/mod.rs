@@ -1152,10 +1152,12 @@ pub const ALGORITHM_NAMES: &[&str] = &[
 /// # Errors
 /// [`TrainerError::UnknownAlgorithm`] for a name not in [`ALGORITHM_NAMES`].
 pub fn algorithm_overrides(name: &str) -> Result<Vec<Override>, TrainerError> {
-    let section = |kind: &str| Override::parse(&format!("algorithm={{ kind = \"{kind}\" }}"));
     // the sampling the presets were measured with: Flow-SDE, trained steps from [1..5]
-    let flow_sde = || Override::parse("sampling.sde_type=\"sde\"");
-    let early_pool = || Override::parse("sampling.sde_pool=[1, 2, 3, 4, 5]");
+    const FLOW_SDE: &str = "sampling.sde_type=\"sde\"";
+    const EARLY_POOL: &str = "sampling.sde_pool=[1, 2, 3, 4, 5]";
+    let section = |kind: &str| Override::parse(&format!("algorithm={{ kind = \"{kind}\" }}"));
+    let flow_sde = || Override::parse(FLOW_SDE);
+    let early_pool = || Override::parse(EARLY_POOL);
     match name {
         "flow_grpo" => Ok(Vec::new()),
         "awm" | "grpo_guard" => Ok(vec![section(name)?, flow_sde()?, early_pool()?]),
@@ -1184,7 +1186,7 @@ pub fn algorithm_overrides(name: &str) -> Result<Vec<Override>, TrainerError> {
             Ok(o)
         }
         "mix_grpo" => Override::parse_all(&[
-            "sampling.sde_type=\"sde\"",
+            FLOW_SDE,
             "sampling.sde_window={ size = 2, stride = 1, shift_interval = 5, at_end = \"roll_back\" }",
             "sampling.num_sde_steps=2",
             "sampling.sde_resample_per_rollout=false",
@@ -1195,7 +1197,7 @@ pub fn algorithm_overrides(name: &str) -> Result<Vec<Override>, TrainerError> {
             "eval.sampling=\"ode\"",
         ]),
         "flow_grpo_fast" => Override::parse_all(&[
-            "sampling.sde_type=\"sde\"",
+            FLOW_SDE,
             "sampling.sde_window={ size = 2, stride = 1, shift_interval = 1, strategy = \"random\", span = [1, 6] }",
             "sampling.num_sde_steps=2",
             "sampling.sde_resample_per_rollout=false",
